@@ -1,0 +1,86 @@
+"""Job kinds on the worker side, resolved lazily ("image" -> worker.jobs.image), plus the
+objects the task layer hands to a kind module.
+
+A kind module exposes:
+  train(ctx: JobContext) -> dict            final metrics; raise to fail the job
+  render(job, checkpoint, request) -> (bytes, content_type)
+  render_path(job, checkpoint, request) -> (bytes, content_type)   optional
+Client mistakes inside render raise RenderError(status_code, detail).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from api_schemas.jobs import Job
+from service.settings import Settings
+from service.storage import JobPaths
+from service.store import JobStore
+
+KIND_MODULES = {"image": "worker.jobs.image", "nerf": "worker.jobs.nerf"}
+
+
+class UnknownKind(LookupError):
+    pass
+
+
+class JobCancelled(Exception):
+    """Raised by ctx.raise_if_cancelled(); the task marks the job cancelled."""
+
+
+class RenderError(Exception):
+    """A render request the job cannot serve; becomes an HTTP error with `detail`."""
+
+    def __init__(self, status_code: int, detail: str):
+        super().__init__(detail)
+        self.status_code = status_code
+        self.detail = detail
+
+
+def get_kind_module(kind: str) -> ModuleType:
+    name = KIND_MODULES.get(kind, f"worker.jobs.{kind}")
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == name:
+            raise UnknownKind(f"no worker support for job kind {kind!r}") from None
+        raise
+
+
+@dataclass
+class JobContext:
+    """Everything a trainer needs; built by worker.tasks for one nf.train run."""
+
+    job: Job                    # the job as it was when training started (config = effective config)
+    paths: JobPaths             # .dataset, .checkpoints, .artifacts, .root ...
+    settings: Settings
+    store: JobStore
+    progress: Any               # worker.progress.ProgressReporter: progress.report(step, total, loss=, psnr=)
+    checkpoints: Any            # worker.checkpoints.CheckpointManager: due(), save(step, tensors, meta), load_latest()
+    device: Any                 # torch.device chosen for this worker
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.job.config
+
+    def cancelled(self) -> bool:
+        return self.paths.cancel.exists()
+
+    def raise_if_cancelled(self) -> None:
+        if self.cancelled():
+            raise JobCancelled()
+
+
+def pick_device(preference: str | None = None):
+    """The torch device for this worker: DEVICE setting if given, else cuda when present."""
+    import torch
+
+    from service.settings import get_settings
+
+    preference = preference or get_settings().device
+    if preference:
+        return torch.device(preference)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")

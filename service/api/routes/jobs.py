@@ -1,0 +1,153 @@
+"""Job submission, listing, status and cancel."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, File, Form, HTTPException, Query, UploadFile
+from pydantic import ValidationError
+
+from api_schemas.jobs import Job, JobKind, JobList, JobStatus
+from service.api.deps import get_queue, get_settings_dep, get_storage, get_store, job_id_param, load_job
+from service.intake import IntakeError
+from service.intake.registry import KINDS, get_kind
+from service.queue import TaskQueue
+from service.settings import Settings
+from service.storage import LocalStorage
+from service.store import JobNotFound, JobStore
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+CHUNK = 1024 * 1024
+
+
+def _validation_detail(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "config"
+        parts.append(f"{loc}: {err['msg']}")
+    return "invalid config: " + "; ".join(parts)
+
+
+def _parse_config(spec, raw: str | None) -> dict[str, Any]:
+    if raw is None or raw.strip() == "":
+        data: Any = {}
+    else:
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise HTTPException(422, f"config is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise HTTPException(422, "config must be a JSON object")
+    try:
+        return spec.config_model.model_validate(data).model_dump(mode="json")
+    except ValidationError as exc:
+        raise HTTPException(422, _validation_detail(exc)) from None
+
+
+def _safe_name(filename: str | None) -> str:
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", (filename or "upload").rsplit("/", 1)[-1].rsplit("\\", 1)[-1])
+    return base.lstrip(".")[:120] or "upload"
+
+
+def _copy_capped(upload: UploadFile, dest, max_bytes: int) -> int:
+    total = 0
+    with open(dest, "wb") as out:
+        while chunk := upload.file.read(CHUNK):
+            total += len(chunk)
+            if total > max_bytes:
+                raise IntakeError(413, f"upload exceeds the limit of {max_bytes} bytes (MAX_UPLOAD_MB)")
+            out.write(chunk)
+    return total
+
+
+@router.post("", status_code=202, response_model=Job, summary="Upload a dataset and start training")
+def create_job(
+    kind: Annotated[str, Form(description=f"job kind: {', '.join(KINDS)}")],
+    dataset: Annotated[UploadFile, File(description="image: a PNG or JPEG; nerf: an archive")],
+    config: Annotated[str | None, Form(description="JSON object; omitted keys take defaults")] = None,
+    settings: Settings = Depends(get_settings_dep),
+    storage: LocalStorage = Depends(get_storage),
+    store: JobStore = Depends(get_store),
+    queue: TaskQueue = Depends(get_queue),
+) -> Job:
+    spec = get_kind(kind)
+    if spec is None:
+        raise HTTPException(422, f"unknown kind {kind!r}")
+    cfg = _parse_config(spec, config)
+
+    job_id, paths = storage.new_job_dir()
+    try:
+        paths.upload.mkdir()
+        src = paths.upload / _safe_name(dataset.filename)
+        _copy_capped(dataset, src, settings.max_upload_bytes)
+        result = spec.intake.validate_upload(src, dataset.filename or src.name, cfg, paths.root, settings)
+        effective, info = result if isinstance(result, tuple) else (result, {})
+        shutil.rmtree(paths.upload, ignore_errors=True)
+        job = store.create(job_id, kind, effective, info)
+    except IntakeError as exc:
+        storage.remove_job_dir(job_id)
+        raise HTTPException(exc.status_code, exc.detail) from None
+    except BaseException:
+        storage.remove_job_dir(job_id)
+        raise
+    try:
+        queue.send_train(job_id)
+    except Exception as exc:
+        log.exception("could not enqueue job %s", job_id)
+        storage.remove_job_dir(job_id)
+        raise HTTPException(503, f"the job queue is unavailable: {exc}") from None
+    return job
+
+
+@router.get("", response_model=JobList, summary="List jobs, newest first")
+def list_jobs(
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    status: JobStatus | None = None,
+    kind: JobKind | None = None,
+    store: JobStore = Depends(get_store),
+) -> JobList:
+    items, total = store.list(limit=limit, offset=offset, status=status, kind=kind)
+    return JobList(items=items, total=total, limit=limit, offset=offset)
+
+
+@router.get("/{job_id}", response_model=Job, summary="Job status, progress and metrics")
+def get_job(job_id: str, store: JobStore = Depends(get_store)) -> Job:
+    return load_job(store, job_id)
+
+
+@router.post("/{job_id}/cancel", response_model=Job, summary="Cancel a queued or running job")
+def cancel_job(job_id: str, store: JobStore = Depends(get_store), storage: LocalStorage = Depends(get_storage),
+               queue: TaskQueue = Depends(get_queue)) -> Job:
+    job = load_job(store, job_id)
+    if job.status.terminal:
+        raise HTTPException(409, f"job is already {job.status.value}")
+    paths = storage.paths(job.id)
+    # The flag reaches a running trainer (it polls every step) and a worker that picks the
+    # task up right now; a still-queued job is cancelled on the spot.
+    paths.cancel.touch()
+    try:
+        job = store.set_status(job.id, JobStatus.cancelled, only_from={JobStatus.queued})
+    except JobNotFound:
+        raise HTTPException(404, f"job {job_id} not found") from None
+    if job.status == JobStatus.cancelled:
+        queue.revoke(job.id)
+    return job
+
+
+@router.delete("/{job_id}", status_code=204, summary="Delete a finished job and its files")
+def delete_job(job_id: str, store: JobStore = Depends(get_store), storage: LocalStorage = Depends(get_storage)):
+    job = load_job(store, job_id)
+    if not job.status.terminal:
+        raise HTTPException(409, f"job is {job.status.value}; cancel it first")
+    storage.remove_job_dir(job.id)
+    return None
+
+
+__all__ = ["router", "job_id_param"]

@@ -1,0 +1,56 @@
+"""Rendering a trained field: the API validates, the render queue does the work."""
+
+from __future__ import annotations
+
+import base64
+
+from fastapi import APIRouter, Depends, HTTPException
+from fastapi.responses import Response
+
+from api_schemas.jobs import JobStatus
+from api_schemas.render import PathRequest, RenderRequest
+from service.api.deps import get_queue, get_settings_dep, get_store, load_job
+from service.queue import RenderTimeout, TaskQueue
+from service.settings import Settings
+from service.store import JobStore
+
+router = APIRouter(prefix="/v1/jobs", tags=["render"])
+
+
+def _run(queue: TaskQueue, job_id: str, body: dict, path: bool) -> Response:
+    try:
+        result = queue.render(job_id, body, path=path)
+    except RenderTimeout as exc:
+        raise HTTPException(504, str(exc)) from None
+    except Exception as exc:  # a worker-side crash comes back as an exception
+        raise HTTPException(500, f"render failed: {type(exc).__name__}: {exc}") from None
+    if "error" in result:
+        err = result["error"]
+        raise HTTPException(int(err.get("status_code", 500)), err.get("detail", "render failed"))
+    return Response(base64.b64decode(result["data_b64"]), media_type=result["content_type"])
+
+
+def _check(store: JobStore, settings: Settings, job_id: str, width: int, height: int, frames: int = 1):
+    job = load_job(store, job_id)
+    if job.status != JobStatus.succeeded:
+        raise HTTPException(409, f"job is {job.status.value}; renders need a succeeded job")
+    if width * height > settings.max_render_pixels:
+        raise HTTPException(422, f"{width}x{height} = {width * height} pixels is over the render limit of "
+                                 f"{settings.max_render_pixels} (MAX_RENDER_PIXELS)")
+    return job
+
+
+@router.post("/{job_id}/render", response_class=Response, summary="Render one frame",
+             responses={200: {"content": {"image/png": {}, "image/jpeg": {}}, "description": "the frame"}})
+def render(job_id: str, req: RenderRequest, store: JobStore = Depends(get_store),
+           settings: Settings = Depends(get_settings_dep), queue: TaskQueue = Depends(get_queue)) -> Response:
+    job = _check(store, settings, job_id, req.width, req.height)
+    return _run(queue, job.id, req.model_dump(mode="json", exclude_none=True), path=False)
+
+
+@router.post("/{job_id}/render_path", response_class=Response, summary="Render an animation along a camera path",
+             responses={200: {"content": {"image/gif": {}, "video/mp4": {}, "image/webp": {}}}})
+def render_path(job_id: str, req: PathRequest, store: JobStore = Depends(get_store),
+                settings: Settings = Depends(get_settings_dep), queue: TaskQueue = Depends(get_queue)) -> Response:
+    job = _check(store, settings, job_id, req.width, req.height)
+    return _run(queue, job.id, req.model_dump(mode="json", exclude_none=True), path=True)

@@ -1,0 +1,53 @@
+"""The FastAPI application. Never imports torch or worker code."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import pkgutil
+
+from fastapi import FastAPI
+
+import service.api.routes as routes_pkg
+from service.api.upload_limit import UploadLimitMiddleware
+from service.queue import TaskQueue, make_client
+from service.settings import Settings, get_settings
+from service.storage import get_storage
+from service.store import JobStore
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """Upload a photo (or posed photos), train a neural field on a Celery worker,
+then render frames from it. See README.md for a walk-through."""
+
+
+def _include_routes(app: FastAPI) -> None:
+    # Every module in service/api/routes with a `router` is mounted, so new route files
+    # (events, ...) need no edit here. A broken one is logged, not fatal for the rest.
+    for info in sorted(pkgutil.iter_modules(routes_pkg.__path__), key=lambda m: m.name):
+        name = f"{routes_pkg.__name__}.{info.name}"
+        try:
+            module = importlib.import_module(name)
+        except Exception:
+            log.exception("route module %s failed to import; skipped", name)
+            continue
+        router = getattr(module, "router", None)
+        if router is not None:
+            app.include_router(router)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    app = FastAPI(title="Neural-field service", version="1.0", description=DESCRIPTION)
+    storage = get_storage(settings)
+    storage.ensure()
+    app.state.settings = settings
+    app.state.storage = storage
+    app.state.store = JobStore(storage)
+    app.state.queue = TaskQueue(make_client(settings), settings)
+    app.add_middleware(UploadLimitMiddleware, max_bytes=settings.max_upload_bytes)
+    _include_routes(app)
+    return app
+
+
+app = create_app()

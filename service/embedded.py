@@ -1,0 +1,50 @@
+"""`make run`: the API plus one embedded Celery worker on both queues, as one unit.
+
+Without REDIS_URL both talk through Celery's filesystem broker under DATA_DIR, so nothing
+else needs to run. Ctrl-C (or SIGTERM) stops both."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import uvicorn
+
+from service.settings import get_settings
+
+
+def worker_command(queues: str = "train,render", concurrency: int = 2) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "worker.app", "worker", "-Q", queues,
+            "-c", str(concurrency), "--loglevel", os.environ.get("WORKER_LOGLEVEL", "info"),
+            "-n", f"embedded-{os.getpid()}@%h"]
+
+
+def main() -> int:
+    settings = get_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "DATA_DIR": str(settings.data_dir.resolve())}
+    worker = subprocess.Popen(worker_command(), env=env, start_new_session=True)
+    broker = f"Redis at {settings.redis_url}" if settings.redis_url else f"files under {settings.data_dir.resolve()}"
+    print(f"API on http://{settings.host}:{settings.port} (docs at /docs); worker pid {worker.pid}; "
+          f"broker: {broker}", flush=True)
+
+    def stop_worker() -> None:
+        if worker.poll() is None:
+            os.kill(worker.pid, signal.SIGTERM)  # warm shutdown; acks_late requeues a cut training
+            try:
+                worker.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait()
+
+    try:
+        uvicorn.run("service.app:app", host=settings.host, port=settings.port, log_level="info")
+    finally:
+        stop_worker()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

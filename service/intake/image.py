@@ -1,0 +1,59 @@
+"""Image job intake: header-level checks only (the API never decodes the full photo)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, UnidentifiedImageError
+
+from service.intake import IntakeError
+
+FORMATS = {"PNG": "png", "JPEG": "jpg"}
+
+
+def _jpeg_complete(path: Path) -> bool:
+    # A JPEG ends with the EOI marker; a cut-off upload loses it. Some writers pad after it.
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        fh.seek(max(0, size - 65536))
+        return b"\xff\xd9" in fh.read()
+
+
+def validate_upload(src_path: Path, filename: str, config: dict[str, Any], job_dir: Path,
+                    settings) -> tuple[dict[str, Any], dict[str, Any]]:
+    src_path = Path(src_path)
+    if src_path.stat().st_size == 0:
+        raise IntakeError(422, "the uploaded file is empty")
+    try:
+        with warnings.catch_warnings():
+            # Our own pixel cap below replaces Pillow's bomb heuristics.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(src_path) as im:
+                fmt, (w, h), mode = im.format, im.size, im.mode
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError):
+        raise IntakeError(415, "not a PNG or JPEG image") from None
+    if fmt not in FORMATS:
+        raise IntakeError(415, f"image format {fmt} is not supported; upload a PNG or JPEG")
+    if w < 1 or h < 1:
+        raise IntakeError(422, f"image has no pixels ({w}x{h})")
+    if w * h > settings.max_image_pixels:
+        raise IntakeError(422, f"image is {w}x{h} = {w * h} pixels, over the limit of "
+                               f"{settings.max_image_pixels} (MAX_IMAGE_PIXELS)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(src_path) as im:
+                im.verify()  # walks chunks and CRCs without decoding pixels
+    except Exception:
+        raise IntakeError(422, f"the {fmt} file is truncated or corrupt") from None
+    if fmt == "JPEG" and not _jpeg_complete(src_path):
+        raise IntakeError(422, "the JPEG file is truncated (no end-of-image marker)")
+
+    dataset = Path(job_dir) / "dataset"
+    dataset.mkdir(parents=True, exist_ok=True)
+    os.replace(src_path, dataset / f"image.{FORMATS[fmt]}")
+    return config, {"file": f"image.{FORMATS[fmt]}", "width": w, "height": h, "format": fmt, "mode": mode,
+                    "filename": filename}

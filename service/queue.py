@@ -1,0 +1,69 @@
+"""Celery client for the API: sends tasks by name so the API never imports worker code."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+import os
+from typing import Any
+
+from celery import Celery
+from celery.exceptions import TimeoutError as CeleryTimeout
+
+from service.celery_config import (RENDER_QUEUE, TASK_RENDER, TASK_RENDER_PATH, TASK_TRAIN,
+                                   TRAIN_QUEUE, broker_dirs, celery_config)
+from service.settings import Settings, get_settings
+
+
+class RenderTimeout(Exception):
+    pass
+
+
+def make_client(settings: Settings) -> Celery:
+    client = Celery("nf-api")
+    client.conf.update(celery_config(settings))
+    return client
+
+
+@lru_cache
+def get_client() -> Celery:
+    return make_client(get_settings())
+
+
+class TaskQueue:
+    def __init__(self, client: Celery, settings: Settings):
+        self.client = client
+        self.settings = settings
+
+    def send_train(self, job_id: str) -> None:
+        # task_id == job_id, so cancelling a queued job can revoke it without extra state.
+        self.client.send_task(TASK_TRAIN, args=[job_id], queue=TRAIN_QUEUE, task_id=job_id)
+
+    def revoke(self, job_id: str) -> None:
+        try:
+            self.client.control.revoke(job_id)
+        except Exception:  # best effort: the worker also re-checks job.json before training
+            pass
+
+    def render(self, job_id: str, request: dict[str, Any], path: bool = False) -> dict[str, Any]:
+        name = TASK_RENDER_PATH if path else TASK_RENDER
+        res = self.client.send_task(name, args=[job_id, request], queue=RENDER_QUEUE)
+        try:
+            return res.get(timeout=self.settings.render_timeout_s, interval=0.05, propagate=True)
+        except CeleryTimeout:
+            res.revoke()
+            raise RenderTimeout(f"render did not finish within {self.settings.render_timeout_s:g} s") from None
+        finally:
+            res.forget()
+
+    def ping(self, timeout: float = 2.0) -> bool:
+        """Broker reachable (a worker need not be up)."""
+        try:
+            if self.settings.redis_url:
+                import redis
+
+                return bool(redis.Redis.from_url(self.settings.redis_url, socket_timeout=timeout,
+                                                 socket_connect_timeout=timeout).ping())
+            queue_dir = broker_dirs(self.settings)["queue"]
+            return os.access(queue_dir, os.W_OK)
+        except Exception:
+            return False

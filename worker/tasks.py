@@ -1,0 +1,142 @@
+"""Celery tasks: nf.train, nf.render, nf.render_path. Kind-specific work lives in worker.jobs.<kind>."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import traceback
+from collections import OrderedDict
+from typing import Any
+
+from api_schemas.jobs import JobStatus
+from service.settings import get_settings
+from service.storage import get_storage
+from service.store import JobNotFound, JobStore
+from worker.app import app, limit_torch_threads
+from worker.checkpoints import Checkpoint, CheckpointManager
+from worker.jobs import JobCancelled, JobContext, RenderError, UnknownKind, get_kind_module, pick_device
+from worker.progress import ProgressReporter
+
+log = logging.getLogger(__name__)
+RENDER_CACHE_SIZE = 4
+limit_torch_threads()
+
+
+def _store() -> JobStore:
+    return JobStore(get_storage(get_settings()))
+
+
+def _short_error(exc: BaseException) -> str:
+    msg = str(exc).strip()
+    if isinstance(exc, UnknownKind):
+        return msg
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+def _start(store: JobStore, job_id: str):
+    """queued -> running unless a cancel got there first. Returns the job, or None to skip."""
+    paths = store.storage.paths(job_id)
+
+    def change(job):
+        if job.status.terminal:
+            return None
+        if paths.cancel.exists():
+            job.status = JobStatus.cancelled
+            return job
+        job.status = JobStatus.running  # also a redelivered, already running job
+        job.error = None
+        return job
+
+    job = store.update(job_id, change)
+    return job if job.status == JobStatus.running else None
+
+
+@app.task(name="nf.train", ignore_result=True, acks_late=True)
+def train(job_id: str) -> None:
+    settings = get_settings()
+    store = _store()
+    try:
+        job = _start(store, job_id)
+    except (JobNotFound, ValueError):
+        log.warning("nf.train: job %s does not exist (deleted?)", job_id)
+        return
+    if job is None:
+        return
+    paths = store.storage.paths(job_id)
+    try:
+        module = get_kind_module(job.kind.value)
+        ctx = JobContext(
+            job=job, paths=paths, settings=settings, store=store,
+            progress=ProgressReporter(store, job_id, settings.progress_interval_s),
+            checkpoints=CheckpointManager(paths.checkpoints, keep=settings.checkpoints_kept,
+                                          interval_s=settings.checkpoint_interval_s),
+            device=pick_device(settings.device),
+        )
+        metrics = module.train(ctx) or {}
+    except JobCancelled:
+        store.set_status(job_id, JobStatus.cancelled, only_from={JobStatus.running, JobStatus.queued})
+        log.info("job %s cancelled", job_id)
+        return
+    except Exception as exc:
+        log.error("job %s failed:\n%s", job_id, traceback.format_exc())
+        store.set_status(job_id, JobStatus.failed, error=_short_error(exc),
+                         only_from={JobStatus.running, JobStatus.queued})
+        return
+    store.set_status(job_id, JobStatus.succeeded, metrics=metrics, only_from={JobStatus.running})
+
+
+# -- rendering -----------------------------------------------------------------------------
+_cache: OrderedDict[tuple[str, int], Checkpoint] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _checkpoint(job_id: str, paths) -> Checkpoint:
+    mgr = CheckpointManager(paths.checkpoints)
+    step = mgr.latest_step()
+    with _cache_lock:
+        if step is not None and (job_id, step) in _cache:
+            _cache.move_to_end((job_id, step))
+            return _cache[(job_id, step)]
+    ckpt = mgr.load_latest()
+    if ckpt is None:
+        raise RenderError(409, "the job has no readable checkpoint")
+    with _cache_lock:
+        _cache[(job_id, ckpt.step)] = ckpt
+        while len(_cache) > RENDER_CACHE_SIZE:
+            _cache.popitem(last=False)
+    return ckpt
+
+
+def _render(job_id: str, request: dict[str, Any], fn_name: str) -> dict[str, Any]:
+    store = _store()
+    try:
+        job = store.get(job_id)
+    except (JobNotFound, ValueError):
+        return {"error": {"status_code": 404, "detail": f"job {job_id} not found"}}
+    try:
+        module = get_kind_module(job.kind.value)
+        fn = getattr(module, fn_name, None)
+        if fn is None:
+            raise RenderError(422, f"{job.kind.value} jobs do not support {fn_name.replace('_', ' ')}")
+        data, content_type = fn(job, _checkpoint(job_id, store.storage.paths(job_id)), request)
+    except RenderError as exc:
+        return {"error": {"status_code": exc.status_code, "detail": exc.detail}}
+    except UnknownKind as exc:
+        return {"error": {"status_code": 422, "detail": str(exc)}}
+    except NotImplementedError as exc:
+        return {"error": {"status_code": 422, "detail": str(exc) or f"{fn_name} is not implemented for {job.kind.value}"}}
+    except Exception as exc:
+        log.exception("render of %s failed", job_id)
+        return {"error": {"status_code": 500, "detail": f"render failed: {_short_error(exc)}"}}
+    return {"content_type": content_type, "data_b64": base64.b64encode(data).decode()}
+
+
+@app.task(name="nf.render", acks_late=False)
+def render(job_id: str, request: dict[str, Any]) -> dict[str, Any]:
+    return _render(job_id, request, "render")
+
+
+@app.task(name="nf.render_path", acks_late=False)
+def render_path(job_id: str, request: dict[str, Any]) -> dict[str, Any]:
+    return _render(job_id, request, "render_path")
