@@ -12,6 +12,7 @@ import service.api.routes as routes_pkg
 from service.api.upload_limit import UploadLimitMiddleware
 from service.queue import TaskQueue, make_client
 from service.settings import Settings, get_settings
+from service.static import mount_web
 from service.storage import get_storage
 from service.store import JobStore
 
@@ -47,6 +48,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.queue = TaskQueue(make_client(settings), settings)
     app.add_middleware(UploadLimitMiddleware, max_bytes=settings.max_upload_bytes)
     _include_routes(app)
+    mount_web(app)
     return app
 
 
