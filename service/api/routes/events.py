@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from fastapi import APIRouter, Header, HTTPException, Query
+from fastapi import APIRouter, Depends, Header, HTTPException, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from service.settings import get_settings
-from service.storage import JobPaths, get_storage, parse_job_id
+from service.api.deps import get_storage, job_id_param
+from service.storage import JobPaths, LocalStorage
 
 log = logging.getLogger(__name__)
 
@@ -161,19 +161,16 @@ def _parse_last_event_id(raw: str | None) -> int | None:
 )
 async def stream_job_events(
     job_id: str,
+    storage: LocalStorage = Depends(get_storage),
     last_event_id_header: str | None = Header(None, alias="Last-Event-ID"),
     last_event_id: str | None = Query(None, description="same as the Last-Event-ID header "
                                                         "(for clients that cannot set headers)"),
 ):
-    try:
-        job_id = parse_job_id(job_id)
-    except ValueError:
-        raise HTTPException(404, detail=f"no job {job_id!r}: job ids are UUIDs")
+    paths = storage.paths(job_id_param(job_id))
     after = _parse_last_event_id(last_event_id_header if last_event_id_header is not None
                                  else last_event_id)
-    paths = get_storage(get_settings()).paths(job_id)
     if not paths.job_json.is_file():
-        raise HTTPException(404, detail=f"no job {job_id}")
+        raise HTTPException(404, detail=f"job {job_id} not found")
     # ping keeps proxies from closing the stream while a job waits in the queue.
     return EventSourceResponse(job_events(paths, after), ping=10,
                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -1,0 +1,244 @@
+// Page wiring: upload form, job list (polled), and the selected job's live detail (SSE).
+
+import * as api from "./api.js";
+import { el } from "./dom.js";
+import { LossPlot } from "./plot.js";
+import { makeViewer } from "./viewer.js";
+
+const $ = (id) => document.getElementById(id);
+const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+const LIST_EVERY_MS = 2000;
+
+const CONFIG_EXAMPLES = {
+  image: { steps: 2000, encoding: "fourier", resolution: 64 },
+  nerf: {},
+};
+
+// ---- formatting ----------------------------------------------------------------------
+
+const shortId = (id) => id.slice(0, 8);
+const badge = (status) => el("span", { class: `badge ${status}` }, status);
+
+function fmtDuration(s) {
+  if (!Number.isFinite(s)) return "–";
+  if (s < 60) return `${Math.round(s)} s`;
+  const m = Math.floor(s / 60);
+  return m < 60 ? `${m} min ${Math.round(s % 60)} s` : `${Math.floor(m / 60)} h ${m % 60} min`;
+}
+
+function progressText(p, status) {
+  if (!p || !p.total_steps) return status === "queued" ? "waiting for a worker…" : "";
+  const bits = [`step ${p.step} / ${p.total_steps}`];
+  if (p.loss != null) bits.push(`loss ${Number(p.loss).toPrecision(3)}`);
+  if (p.psnr != null) bits.push(`PSNR ${Number(p.psnr).toFixed(2)} dB`);
+  if (p.elapsed_s) bits.push(`elapsed ${fmtDuration(p.elapsed_s)}`);
+  if (status === "running" && p.eta_s != null) bits.push(`ETA ${fmtDuration(p.eta_s)}`);
+  return bits.join(" · ");
+}
+
+const fraction = (p) => (p && p.total_steps ? Math.min(1, p.step / p.total_steps) : 0);
+
+// ---- upload --------------------------------------------------------------------------
+
+function setupUpload() {
+  const kind = $("kind"), file = $("dataset"), config = $("config"), msg = $("upload-msg");
+  const accept = { image: "image/png,image/jpeg,.png,.jpg,.jpeg", nerf: ".zip,.tar,.tar.gz,.tgz,application/zip" };
+  const applyKind = () => {
+    file.accept = accept[kind.value] || "";
+    const ex = JSON.stringify(CONFIG_EXAMPLES[kind.value] || {});
+    // keep what the user typed unless it is still another kind's example
+    if (!config.value.trim() || Object.values(CONFIG_EXAMPLES).some((e) => JSON.stringify(e) === config.value.trim())) config.value = ex;
+  };
+  kind.addEventListener("change", applyKind);
+  applyKind();
+
+  $("upload-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    msg.className = "msg";
+    if (!file.files.length) { msg.textContent = "choose a file first"; msg.className = "msg error"; return; }
+    const text = config.value.trim();
+    if (text) {
+      try { JSON.parse(text); } catch (err) {
+        msg.textContent = `config is not valid JSON: ${err.message}`;
+        msg.className = "msg error";
+        return;
+      }
+    }
+    $("submit").disabled = true;
+    msg.textContent = `uploading ${file.files[0].name}…`;
+    try {
+      const job = await api.submitJob(kind.value, file.files[0], text);
+      msg.textContent = `job ${shortId(job.id)} queued`;
+      msg.className = "msg ok";
+      await refreshList();
+      select(job.id);
+    } catch (err) {
+      msg.textContent = `upload refused: ${err.message}`;
+      msg.className = "msg error";
+    } finally {
+      $("submit").disabled = false;
+    }
+  });
+}
+
+// ---- job list ------------------------------------------------------------------------
+
+let selectedId = null;
+
+async function refreshList() {
+  try {
+    const list = await api.listJobs();
+    const rows = list.items.map((job) => {
+      const tr = el("tr", { "data-id": job.id, class: job.id === selectedId ? "selected" : null },
+        el("td", {}, el("code", {}, shortId(job.id))),
+        el("td", {}, job.kind),
+        el("td", {}, badge(job.status)),
+        el("td", {}, el("span", { class: "mini" }, el("span", { style: `width:${Math.round(fraction(job.progress) * 100)}%` }))),
+        el("td", { class: "muted" }, new Date(job.created_at).toLocaleTimeString()));
+      tr.addEventListener("click", () => select(job.id));
+      return tr;
+    });
+    document.querySelector("#jobs tbody").replaceChildren(...rows);
+    $("jobs-count").textContent = list.total ? `(${list.total})` : "";
+    $("jobs-msg").textContent = list.total ? "" : "no jobs yet";
+    $("jobs-msg").className = "msg muted";
+  } catch (err) {
+    $("jobs-msg").textContent = `could not list jobs: ${err.message}`;
+    $("jobs-msg").className = "msg error";
+  }
+}
+
+// ---- selected job --------------------------------------------------------------------
+
+let detail = null; // {id, source, viewer, job}
+let plot = null;
+
+function showJob(job) {
+  detail.job = job;
+  $("d-id").textContent = job.id;
+  $("d-status").replaceWith(Object.assign(badge(job.status), { id: "d-status" }));
+  $("d-bar").style.width = `${Math.round(fraction(job.progress) * 100)}%`;
+  $("d-progress-text").textContent = progressText(job.progress, job.status);
+  $("d-error").hidden = !job.error;
+  $("d-error").textContent = job.error ? `error: ${job.error}` : "";
+  $("d-cancel").hidden = TERMINAL.has(job.status);
+  $("d-meta").textContent = JSON.stringify({ config: job.config, dataset: job.dataset, metrics: job.metrics }, null, 2);
+  document.querySelectorAll("#jobs tbody tr").forEach((tr) => tr.classList.toggle("selected", tr.dataset.id === job.id));
+}
+
+async function onFinished(id) {
+  const job = await api.getJob(id);
+  if (!detail || detail.id !== id) return;
+  showJob(job);
+  refreshList();
+  if (job.status === "succeeded") {
+    if (!detail.viewer) detail.viewer = makeViewer($("viewer"), job);
+    offerCheckpoint(job);
+  }
+}
+
+async function offerCheckpoint(job) {
+  const url = api.jobUrl(job.id, "/checkpoint");
+  const link = $("d-checkpoint"), msg = $("d-checkpoint-msg");
+  if (await api.available(url)) {
+    link.href = url;
+    link.setAttribute("download", `${job.id}.safetensors`);
+    link.hidden = false;
+    msg.textContent = "";
+  } else {
+    link.hidden = true;
+    msg.textContent = "checkpoint download not offered by this server";
+  }
+}
+
+function openStream(id) {
+  // EventSource resends Last-Event-ID itself when it reconnects after a network drop;
+  // after `end` the server has nothing more, so the source is closed for good.
+  const source = new EventSource(api.jobUrl(id, "/events"));
+  const mine = () => detail && detail.id === id;
+  source.addEventListener("progress", (ev) => {
+    if (!mine()) return;
+    const p = JSON.parse(ev.data);
+    plot.add(p);
+    showJob({ ...detail.job, progress: p, status: detail.job.status === "queued" ? "running" : detail.job.status });
+  });
+  source.addEventListener("status", (ev) => {
+    if (!mine()) return;
+    const s = JSON.parse(ev.data);
+    showJob({ ...detail.job, status: s.status, error: s.error ?? detail.job.error, metrics: s.metrics ?? detail.job.metrics });
+  });
+  source.addEventListener("end", () => {
+    source.close();
+    if (mine()) onFinished(id);
+  });
+  source.onerror = () => {
+    if (source.readyState === EventSource.CLOSED && mine()) {
+      $("d-progress-text").textContent = "live updates lost; showing the last known state";
+    }
+  };
+  return source;
+}
+
+function closeDetail() {
+  if (!detail) return;
+  detail.source?.close();
+  detail.viewer?.dispose();
+  detail = null;
+}
+
+async function select(id) {
+  if (detail && detail.id === id) return;
+  closeDetail();
+  selectedId = id;
+  history.replaceState(null, "", `#job=${id}`);
+  let job;
+  try {
+    job = await api.getJob(id);
+  } catch (err) {
+    $("jobs-msg").textContent = `job ${shortId(id)}: ${err.message}`;
+    $("jobs-msg").className = "msg error";
+    return;
+  }
+  if (selectedId !== id) return;
+  detail = { id, job, source: null, viewer: null };
+  $("placeholder").hidden = true;
+  $("detail").hidden = false;
+  $("viewer").replaceChildren();
+  $("d-checkpoint").hidden = true;
+  $("d-checkpoint-msg").textContent = "";
+  plot.clear();
+  plot.add(job.progress && job.progress.step ? job.progress : null);
+  showJob(job);
+  detail.source = openStream(id);
+}
+
+function setupDetail() {
+  plot = new LossPlot($("plot"));
+  $("d-cancel").addEventListener("click", async () => {
+    if (!detail) return;
+    try {
+      showJob(await api.cancelJob(detail.id));
+    } catch (err) {
+      $("d-error").hidden = false;
+      $("d-error").textContent = `cancel failed: ${err.message}`;
+    }
+  });
+}
+
+async function health() {
+  const node = $("health");
+  try {
+    const r = await api.ready();
+    node.textContent = r.ok ? "service ready" : `service not ready: ${r.body.detail ?? JSON.stringify(r.body)}`;
+  } catch (err) {
+    node.textContent = "service unreachable";
+  }
+}
+
+setupUpload();
+setupDetail();
+health();
+await refreshList();
+setInterval(refreshList, LIST_EVERY_MS);
+const fromHash = /job=([0-9a-f-]{36})/.exec(location.hash);
+if (fromHash) select(fromHash[1]);
