@@ -24,7 +24,8 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL = {"succeeded", "failed", "cancelled"}
 PATH_FORMATS = {".webp": "webp", ".gif": "gif", ".mp4": "mp4", ".zip": "zip"}
 
-out = Console(highlight=False, soft_wrap=True)
+# Piped output keeps whole rows (ids!) instead of wrapping at rich's 80-column default.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -90,6 +91,8 @@ class Api:
                         raise CliError(_detail(source.response))
                     for sse in source.iter_sse():
                         retries = 0
+                        if not sse.data and sse.event == "message":
+                            continue  # a keep-alive comment, which httpx-sse hands over empty
                         data = json.loads(sse.data) if sse.data else {}
                         ev_id = int(sse.id) if sse.id else None
                         if ev_id is not None:
@@ -232,12 +235,12 @@ def cmd_status(api: Api, args) -> int:
 def wait_for(api: Api, job_id: str, quiet: bool = False, timeout: float | None = None) -> int:
     started = time.monotonic()
     columns = [TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-               TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
+               TextColumn("step {task.fields[steps]}"),
                TextColumn("loss {task.fields[loss]}  psnr {task.fields[psnr]}"),
                TextColumn("eta {task.fields[eta]}"), TimeElapsedColumn()]
     final: dict = {}
     with Progress(*columns, console=err, disable=quiet, transient=False) as bar:
-        task = bar.add_task("queued", total=None, loss="–", psnr="–", eta="–")
+        task = bar.add_task("queued", total=None, steps="–", loss="–", psnr="–", eta="–")
         for event, data, _ in api.events(job_id):
             if timeout is not None and time.monotonic() - started > timeout:
                 raise CliError(f"gave up waiting after {timeout:g} s; the job goes on")
@@ -245,6 +248,7 @@ def wait_for(api: Api, job_id: str, quiet: bool = False, timeout: float | None =
                 total = data.get("total_steps") or None
                 eta = data.get("eta_s")
                 bar.update(task, total=total, completed=data.get("step", 0),
+                           steps=f"{data.get('step', 0)}/{total or '?'}",
                            loss=_fmt(data.get("loss")), psnr=_fmt(data.get("psnr")),
                            eta=f"{eta:.0f}s" if isinstance(eta, (int, float)) else "–")
             elif event == "status":
@@ -332,7 +336,8 @@ def cmd_list(api: Api, args) -> int:
         p = job.get("progress") or {}
         prog = f"{p.get('step', 0)}/{p.get('total_steps')}" if p.get("total_steps") else ""
         psnr = (job.get("metrics") or {}).get("psnr", (job.get("metrics") or {}).get("test_psnr", p.get("psnr")))
-        t.add_row(job["id"], job["kind"], job["status"], prog, _fmt(psnr), job.get("created_at", "")[:19])
+        t.add_row(job["id"], job["kind"], job["status"], prog, _fmt(psnr),
+                  job.get("created_at", "")[:19].replace("T", " "))
     out.print(t)
     err.print(f"{len(page['items'])} of {page.get('total', len(page['items']))} jobs")
     return 0
