@@ -32,11 +32,11 @@ def _run(queue: TaskQueue, job_id: str, body: dict, path: bool) -> Response:
 
 def _check(store: JobStore, settings: Settings, job_id: str, width: int, height: int, frames: int = 1):
     job = load_job(store, job_id)
-    if job.status != JobStatus.succeeded:
-        raise HTTPException(409, f"job is {job.status.value}; renders need a succeeded job")
     if width * height > settings.max_render_pixels:
         raise HTTPException(422, f"{width}x{height} = {width * height} pixels is over the render limit of "
                                  f"{settings.max_render_pixels} (MAX_RENDER_PIXELS)")
+    if job.status != JobStatus.succeeded:
+        raise HTTPException(409, f"job is {job.status.value}; renders need a succeeded job")
     return job
 
 
