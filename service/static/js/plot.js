@@ -33,6 +33,8 @@ export class LossPlot {
 
   draw() {
     const c = this.canvas;
+    const pts = [...this.points.values()].sort((a, b) => a.step - b.step);
+    c.dataset.points = String(pts.length); // how many steps are drawn, for tests and curious users
     const dpr = window.devicePixelRatio || 1;
     const W = c.clientWidth, H = c.clientHeight;
     if (!W || !H) return;
@@ -43,7 +45,6 @@ export class LossPlot {
     g.clearRect(0, 0, W, H);
     g.font = "11px system-ui, 'DejaVu Sans', sans-serif";
 
-    const pts = [...this.points.values()].sort((a, b) => a.step - b.step);
     const m = { l: 52, r: 48, t: 14, b: 26 };
     const pw = W - m.l - m.r, ph = H - m.t - m.b;
     if (pts.length === 0) {
