@@ -33,7 +33,11 @@ def validate_upload(src_path: Path, filename: str, config: dict[str, Any], job_d
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(src_path) as im:
                 fmt, (w, h), mode = im.format, im.size, im.mode
-    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError):
+    except Image.DecompressionBombError as exc:
+        # Pillow's own cap is far above ours, so this is over ours too.
+        raise IntakeError(422, f"image is over the pixel limit of {settings.max_image_pixels} "
+                               f"(MAX_IMAGE_PIXELS): {exc}") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
         raise IntakeError(415, "not a PNG or JPEG image") from None
     if fmt not in FORMATS:
         raise IntakeError(415, f"image format {fmt} is not supported; upload a PNG or JPEG")

@@ -1,0 +1,91 @@
+"""Listing, cancelling (queued and running), failing and crash-resuming jobs, with a real worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+from tests.conftest import png_bytes
+
+LONG = {"steps": 100_000, "resolution": 16}
+
+
+def _events(stack, job_id):
+    return [json.loads(x) for x in (stack.job_dir(job_id) / "events.jsonl").read_text().splitlines()]
+
+
+def test_list_is_newest_first_and_paginated(stack_factory):
+    stack = stack_factory(queues=None)
+    ids = [stack.submit(png_bytes(16, 16)).json()["id"] for _ in range(3)]
+    page = stack.client.get("/v1/jobs", params={"limit": 2}).json()
+    assert page["total"] == 3 and [j["id"] for j in page["items"]] == ids[::-1][:2]
+    rest = stack.client.get("/v1/jobs", params={"limit": 2, "offset": 2}).json()
+    assert [j["id"] for j in rest["items"]] == ids[:1]
+    assert stack.client.get("/v1/jobs", params={"status": "running"}).json()["total"] == 0
+    assert stack.client.get("/v1/jobs", params={"limit": 0}).status_code == 422
+
+
+def test_cancel_queued_then_running(stack_factory):
+    stack = stack_factory(queues=None)
+    queued = stack.submit(png_bytes(16, 16), config={"steps": 50, "resolution": 16}).json()["id"]
+    r = stack.client.post(f"/v1/jobs/{queued}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    assert stack.client.post(f"/v1/jobs/{queued}/cancel").status_code == 409
+
+    # A worker arriving later skips the cancelled job and trains the next one.
+    running = stack.submit(png_bytes(16, 16), config=LONG).json()["id"]
+    stack.start_worker()
+    stack.wait_for(running, lambda j: j["progress"]["step"] > 0, what="training started")
+    t0 = time.monotonic()
+    assert stack.client.post(f"/v1/jobs/{running}/cancel").status_code == 200
+    done = stack.wait_status(running, "cancelled", "failed", "succeeded", timeout=20)
+    assert done["status"] == "cancelled" and time.monotonic() - t0 < 10
+    assert done["progress"]["step"] < LONG["steps"]
+
+    assert stack.client.get(f"/v1/jobs/{queued}").json()["status"] == "cancelled"
+    assert not (stack.job_dir(queued) / "checkpoints").exists()
+    assert [e["data"]["status"] for e in _events(stack, queued) if e["event"] == "status"] == ["queued", "cancelled"]
+    # The worker is free again afterwards.
+    ok = stack.submit(png_bytes(16, 16), config={"steps": 20, "resolution": 16}).json()["id"]
+    assert stack.wait_status(ok, "succeeded", "failed")["status"] == "succeeded"
+
+
+def test_failing_job_reports_a_readable_error(stack_factory):
+    stack = stack_factory(queues=None)
+    job_id = stack.submit(png_bytes(16, 16), config={"steps": 20}).json()["id"]
+    # The dataset vanishes between intake and training (a lost volume, say).
+    for f in (stack.job_dir(job_id) / "dataset").iterdir():
+        f.unlink()
+    stack.start_worker()
+    job = stack.wait_status(job_id, "failed", "succeeded")
+    assert job["status"] == "failed"
+    assert job["error"].startswith("FileNotFoundError") and "no image" in job["error"]
+    assert stack.client.post(f"/v1/jobs/{job_id}/render", json={"width": 8, "height": 8}).status_code == 409
+
+
+def test_killed_worker_process_resumes_from_checkpoint(stack_factory):
+    stack = stack_factory(queues=None, env={"CHECKPOINT_INTERVAL_S": "0.3"})
+    steps = 4000
+    job_id = stack.submit(png_bytes(16, 16), config={"steps": steps, "resolution": 16}).json()["id"]
+    worker = stack.start_worker()
+    stack.wait_for(job_id, lambda j: j["progress"]["step"] > 300, what="some training")
+    ckpts = stack.job_dir(job_id) / "checkpoints"
+    deadline = time.monotonic() + 20
+    while not (ckpts / "latest").exists():
+        assert time.monotonic() < deadline, stack.logs()
+        time.sleep(0.05)
+
+    # SIGKILL the pool process doing the training; acks_late + reject_on_worker_lost requeue it.
+    child = int(subprocess.check_output(["pgrep", "-P", str(worker.pid)]).split()[0])
+    os.kill(child, signal.SIGKILL)
+    done = stack.wait_status(job_id, "succeeded", "failed", timeout=180)
+    assert done["status"] == "succeeded", done
+
+    progress_steps = [e["data"]["step"] for e in _events(stack, job_id) if e["event"] == "progress"]
+    drops = [(a, b) for a, b in zip(progress_steps, progress_steps[1:]) if b < a]
+    assert len(drops) == 1, progress_steps
+    before, after = drops[0]
+    assert 0 < after < before  # resumed from a checkpoint, not from scratch
