@@ -373,7 +373,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="HTTP timeout per request, seconds (120)")
     p = argparse.ArgumentParser(prog="nf", description="Client for the neural-field service (HTTP only).",
                                 parents=[common])
-    p.set_defaults(url=os.environ.get("NF_URL") or DEFAULT_URL, json=False, http_timeout=120.0)
     subparsers = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def sub_add(name, **kw):
@@ -446,6 +445,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Filled in here, not with set_defaults: parents share action objects, so a default set
+    # on the top parser would reach every subcommand and overwrite a flag given before it.
+    for name, default in (("url", os.environ.get("NF_URL") or DEFAULT_URL), ("json", False),
+                          ("http_timeout", 120.0)):
+        if not hasattr(args, name):
+            setattr(args, name, default)
     api = Api(args.url, timeout=args.http_timeout)
     try:
         return args.fn(api, args)
