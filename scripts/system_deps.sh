@@ -6,6 +6,7 @@ set -euo pipefail
 
 NEEDED=(
   "redis-server:redis-server"
+  "chromium:chromium"  # tests/test_web.py drives the page in headless Chromium (Playwright)
 )
 
 missing=()
