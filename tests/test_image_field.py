@@ -1,0 +1,54 @@
+"""The image field itself: seed 001's encoder and MLP, and the Fourier-vs-none gap (short version)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from worker.experiments.pe_gap import format_table, gap_table
+from worker.jobs.image import CoordMLP, FourierFeatures, pixel_grid, psnr_from_mse, training_size
+
+
+def test_fourier_features_frequencies_and_layout():
+    enc = FourierFeatures(input_dim=2, num_freqs=6)
+    assert torch.allclose(enc.freqs, torch.tensor([1, 2, 4, 8, 16, 32.0]) * math.pi)
+    assert list(enc.parameters()) == []  # fixed basis, nothing trainable
+    x = torch.rand(5, 2) * 2 - 1
+    out = enc(x)
+    assert out.shape == (5, enc.out_dim) == (5, 2 + 2 * 6 * 2)
+    assert torch.equal(out[:, :2], x)  # raw input kept
+    feats = out[:, 2:].reshape(5, 2, 6, 2)  # (D, L, sin|cos)
+    angle = x[:, 1] * 8 * math.pi           # dim y, k=3
+    assert torch.allclose(feats[:, 1, 3, 0], torch.sin(angle), atol=1e-5)
+    assert torch.allclose(feats[:, 1, 3, 1], torch.cos(angle), atol=1e-5)
+
+
+def test_coord_mlp_shapes_and_range():
+    pe = CoordMLP(hidden=32, n_layers=4, use_pe=True, num_freqs=6)
+    raw = CoordMLP(hidden=32, n_layers=4, use_pe=False)
+    linears = [m for m in pe.mlp if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 4 and linears[0].in_features == 26 and linears[-1].out_features == 3
+    assert [m for m in raw.mlp if isinstance(m, torch.nn.Linear)][0].in_features == 2
+    with torch.no_grad():
+        y = pe(torch.rand(100, 2) * 40 - 20)
+    assert y.shape == (100, 3) and float(y.min()) >= 0 and float(y.max()) <= 1
+
+
+def test_pixel_grid_is_pixel_centres():
+    g = pixel_grid(4, 2)
+    assert g.shape == (8, 2)
+    assert torch.allclose(g[:4, 0], torch.tensor([-0.75, -0.25, 0.25, 0.75]))
+    assert torch.allclose(g[::4, 1], torch.tensor([-0.5, 0.5]))
+    assert training_size(600, 400, 64) == (64, 43)
+    assert psnr_from_mse(0.01) == pytest.approx(20.0)
+
+
+def test_fourier_beats_no_encoding_on_real_photos():
+    # Short version of `python -m worker.experiments.pe_gap` (64x64, 2000 steps there).
+    torch.set_num_threads(1)
+    rows = gap_table(["astronaut", "coffee"], size=32, steps=300)
+    print(format_table(rows, 32, 300))
+    for r in rows:
+        assert r["gap"] >= 8.0, format_table(rows, 32, 300)
