@@ -80,6 +80,8 @@ export class ImageViewer {
     try {
       const blob = await api.render(this.job.id, { width, height });
       this.frame.show(blob);
+      // small fields are shown enlarged (the browser interpolates); the file keeps its size
+      this.frame.img.style.width = `${Math.max(width, Math.min(384, 4 * width))}px`;
       this.download.href = this.frame.url;
       this.download.hidden = false;
       this.msg.textContent = `${width}×${height} in ${Math.round(performance.now() - t0)} ms`;
