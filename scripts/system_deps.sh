@@ -7,6 +7,7 @@ set -euo pipefail
 NEEDED=(
   "redis-server:redis-server"
   "chromium:chromium"  # tests/test_web.py drives the page in headless Chromium (Playwright)
+  "docker-compose:docker-compose"  # tests/test_compose_files.py validates the compose files (`config`, no engine)
 )
 
 missing=()
