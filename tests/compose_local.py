@@ -9,7 +9,8 @@ The translation is the one a container would see, moved onto this machine:
   `127.0.0.1:<own port>` in healthchecks point at the free local port that stands for it;
 - a bare environment key forwards this process's value when set, else leaves it unset, as
   Compose does.
-Interpolation follows Compose: `$$`, `$VAR`, `${VAR}`, `${VAR:-default}`, `${VAR-default}`.
+Interpolation follows Compose: `$$`, `$VAR`, `${VAR}`, `${VAR:-default}`, `${VAR-default}`,
+`${VAR:?error}`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 IMAGE_WORKDIR = "/app"
 
-_VAR = re.compile(r"\$(?:(\$)|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+_VAR = re.compile(r"\$(?:(\$)|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
 def interpolate(text: str, env: Mapping[str, str]) -> str:
@@ -45,6 +46,8 @@ def interpolate(text: str, env: Mapping[str, str]) -> str:
             return default
         if op == "-" and value is None:
             return default
+        if (op == ":?" and not value) or (op == "?" and value is None):
+            raise KeyError(f"{name}: {default}")
         return value or ""
 
     return _VAR.sub(sub, text)

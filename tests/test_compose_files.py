@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import shutil
 import subprocess
 
@@ -32,6 +33,34 @@ def test_compose_config_validates(path, tmp_path):
 
     resolved = yaml.safe_load(r.stdout)
     assert set(resolved["services"]) == {"redis", "api", *WORKERS}
+
+
+def test_multi_host_overrides_validate(tmp_path):
+    """docker/compose.shared-redis.yml and docker/compose.nfs-data.yml, as docs/deploy.md uses them."""
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.skip("docker-compose not installed (scripts/system_deps.sh installs Debian's package)")
+    import yaml
+
+    files = [GPU_FILE, REPO / "docker" / "compose.shared-redis.yml", REPO / "docker" / "compose.nfs-data.yml"]
+    args = [exe] + [a for f in files for a in ("-f", str(f))] + ["config"]
+    env = {"PATH": os.environ["PATH"], "REDIS_PASSWORD": "s3cret", "NFS_SERVER": "10.0.0.2",
+           "NFS_EXPORT": "/export/nf"}
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    cfg = yaml.safe_load(r.stdout)
+    assert cfg["volumes"]["data"]["driver_opts"]["type"] == "nfs"
+    assert "addr=10.0.0.2" in cfg["volumes"]["data"]["driver_opts"]["o"]
+    assert "s3cret" in cfg["services"]["redis"]["command"]
+    assert any(p["target"] == 6379 for p in cfg["services"]["redis"]["ports"])
+    for name in ("api", *WORKERS):
+        assert cfg["services"][name]["environment"]["REDIS_URL"] == "redis://:s3cret@redis:6379/0"
+        assert "data:/data:rw" in cfg["services"][name]["volumes"]
+
+    # Without the password the override refuses to start an open Redis.
+    env.pop("REDIS_PASSWORD")
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert r.returncode != 0 and "REDIS_PASSWORD" in r.stderr
 
 
 @pytest.mark.parametrize("path", [GPU_FILE, CPU_FILE], ids=["gpu", "cpu"])
