@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 import os
+import time
 from typing import Any
 
 from celery import Celery
-from celery.exceptions import TimeoutError as CeleryTimeout
 
 from service.celery_config import (RENDER_QUEUE, TASK_RENDER, TASK_RENDER_PATH, TASK_TRAIN,
                                    TRAIN_QUEUE, broker_dirs, celery_config)
@@ -47,11 +47,20 @@ class TaskQueue:
     def render(self, job_id: str, request: dict[str, Any], path: bool = False) -> dict[str, Any]:
         name = TASK_RENDER_PATH if path else TASK_RENDER
         res = self.client.send_task(name, args=[job_id, request], queue=RENDER_QUEUE)
+        # Poll rather than res.get(): the Redis backend's pub/sub result consumer is not safe
+        # to share between the threads FastAPI runs sync routes on.
+        deadline = time.monotonic() + self.settings.render_timeout_s
+        delay = 0.01
         try:
-            return res.get(timeout=self.settings.render_timeout_s, interval=0.05, propagate=True)
-        except CeleryTimeout:
-            res.revoke()
-            raise RenderTimeout(f"render did not finish within {self.settings.render_timeout_s:g} s") from None
+            while not res.ready():
+                if time.monotonic() > deadline:
+                    res.revoke()
+                    raise RenderTimeout(f"render did not finish within {self.settings.render_timeout_s:g} s")
+                time.sleep(delay)
+                delay = min(delay * 1.5, 0.1)
+            if res.failed():
+                raise RuntimeError(str(res.result))
+            return res.result
         finally:
             res.forget()
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import numpy as np
 import pytest
 from PIL import Image
@@ -67,6 +69,13 @@ def test_upload_train_render(stack_factory, broker):
     assert big.shape == (4 * h, 4 * w, 3)
     pooled = big.reshape(h, 4, w, 4, 3).mean(axis=(1, 3))
     assert _psnr(pooled, target) > _psnr(np.full_like(target, target.mean()), target) + 3
+
+    # Concurrent renders (the API serves them from several threads) all come back intact.
+    sizes = [(8 + i, 5 + i) for i in range(6)]
+    with ThreadPoolExecutor(len(sizes)) as pool:
+        shots = list(pool.map(lambda wh: _png(httpx.post(f"{stack.base_url}/v1/jobs/{job_id}/render", timeout=60,
+                                                         json={"width": wh[0], "height": wh[1]})), sizes))
+    assert [s.shape[:2] for s in shots] == [(h_, w_) for w_, h_ in sizes]
 
     # Events: ids 1..n, queued → running → succeeded, progress at least once a second.
     events = [json.loads(line) for line in (stack.job_dir(job_id) / "events.jsonl").read_text().splitlines()]
