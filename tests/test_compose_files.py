@@ -55,7 +55,8 @@ def test_multi_host_overrides_validate(tmp_path):
     assert any(p["target"] == 6379 for p in cfg["services"]["redis"]["ports"])
     for name in ("api", *WORKERS):
         assert cfg["services"][name]["environment"]["REDIS_URL"] == "redis://:s3cret@redis:6379/0"
-        assert "data:/data:rw" in cfg["services"][name]["volumes"]
+        sources = [v["source"] if isinstance(v, dict) else v.split(":")[0] for v in cfg["services"][name]["volumes"]]
+        assert "data" in sources, name
 
     # Without the password the override refuses to start an open Redis.
     env.pop("REDIS_PASSWORD")
