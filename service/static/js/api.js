@@ -72,7 +72,13 @@ export async function render(id, body, signal) {
 }
 
 export async function renderPath(id, body, signal) {
-  return (await request("POST", jobUrl(id, "/render/path"), { json: body, signal })).blob();
+  try {
+    return (await request("POST", jobUrl(id, "/render/path"), { json: body, signal })).blob();
+  } catch (err) {
+    // `/render/path` is the documented route; servers from before it used `/render_path`.
+    if (!(err instanceof ApiError) || !(err.status === 405 || (err.status === 404 && err.message === "Not Found"))) throw err;
+    return (await request("POST", jobUrl(id, "/render_path"), { json: body, signal })).blob();
+  }
 }
 
 export async function ready() {

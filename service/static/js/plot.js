@@ -75,11 +75,11 @@ export class LossPlot {
     g.lineWidth = 1;
     g.strokeRect(m.l, m.t, pw, ph);
     g.textAlign = "center";
-    for (let i = 0; i <= 4; i++) {
-      const s = x0 + ((x1 - x0) * i) / 4;
+    const ticks = new Set([0, 1, 2, 3, 4].map((i) => Math.round(x0 + ((x1 - x0) * i) / 4)));
+    for (const s of ticks) {
       const x = X(s);
       g.beginPath(); g.moveTo(x, m.t); g.lineTo(x, m.t + ph); g.stroke();
-      g.fillText(String(Math.round(s)), x, H - 8);
+      g.fillText(String(s), x, H - 8);
     }
     for (let i = 0; i <= 3; i++) {
       const y = m.t + (ph * i) / 3;

@@ -6,7 +6,7 @@ import { el } from "./dom.js";
 
 const IDLE_MS = 250;     // still this long → ask for the full-resolution frame
 const LOW_DIVISOR = 4;   // low-res frames while dragging are this much smaller per side
-const MAX_SIDE = 1024;
+const MAX_SIDE = 512;
 
 // An <img> whose blob URL is released when replaced.
 class Frame {
@@ -124,7 +124,8 @@ export class OrbitViewer {
     this.job = job;
     this.o = initialOrbit(job);
     const [w, h] = datasetSize(job);
-    this.full = fitSize([w, h], Math.min(MAX_SIDE, Math.max(w, h, 200)));
+    // full resolution = the training images', capped: CPU render workers take seconds per 800²
+    this.full = fitSize([w, h], Math.min(MAX_SIDE, Math.max(w, h)));
     this.output = "rgb";
     this.version = 0;
     this.shown = { version: -1, full: false };
@@ -136,7 +137,8 @@ export class OrbitViewer {
     this.hud = el("span", { class: "hud", id: "hud" }, "");
     this.msg = el("span", { class: "muted", id: "frame-msg" });
     this.stage = el("div", { class: "stage orbit", title: "drag to orbit, scroll to zoom" }, this.frame.img, this.hud);
-    this.stage.style.width = `${this.full[0]}px`;
+    // shown at least 400 px wide: frames from small datasets are enlarged, not requested larger
+    this.stage.style.width = `${Math.max(this.full[0], 400)}px`;
     this.stage.style.aspectRatio = `${this.full[0]} / ${this.full[1]}`;
     this.frame.img.style.width = "100%";
 
