@@ -162,8 +162,6 @@ def camera_body(args) -> dict | None:
         cam = {"look_at": {"eye": eye, "target": target, "up": up}}
     else:
         return None
-    if args.fov is not None:
-        cam["fov_x_deg"] = args.fov
     return cam
 
 
@@ -284,6 +282,8 @@ def cmd_render(api: Api, args) -> int:
     cam = camera_body(args)
     if cam is not None:
         body["camera"] = cam
+    if args.fov is not None:
+        body["fov_x_deg"] = args.fov
     if args.output is not None:
         body["output"] = args.output
     fmt = args.format or ("jpeg" if args.out.suffix.lower() in (".jpg", ".jpeg") else None)

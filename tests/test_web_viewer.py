@@ -116,7 +116,7 @@ def test_orbit_viewer_requests(viewer_page):
     look = first["camera"]["look_at"]
     assert look["target"] == CENTER and look["up"] == [0, 0, 1]
     assert dist(look["eye"], CENTER) == pytest.approx(3 / SCALE)  # outside the unit box
-    assert 0 < first["camera"]["fov_x_deg"] < 180
+    assert 0 < first["fov_x_deg"] < 180
 
     # Drag: small frames while moving, then one full frame from the new viewpoint.
     box = page.locator(".stage").bounding_box()

@@ -185,8 +185,9 @@ export class OrbitViewer {
     return add(this.o.target, scale(dir, r));
   }
 
-  camera() {
-    return { look_at: { eye: this.eye(), target: this.o.target, up: UPS[this.o.upKey] }, fov_x_deg: this.o.fov };
+  // Render request fields for the current view (issue 5: `camera` plus intrinsics beside it).
+  view() {
+    return { camera: { look_at: { eye: this.eye(), target: this.o.target, up: UPS[this.o.upKey] } }, fov_x_deg: this.o.fov };
   }
 
   bindPointer() {
@@ -238,7 +239,7 @@ export class OrbitViewer {
       : [Math.max(16, Math.round(fw / LOW_DIVISOR)), Math.max(16, Math.round(fh / LOW_DIVISOR))];
     const t0 = performance.now();
     this.inflight = true;
-    api.render(this.job.id, { width, height, output: this.output, camera: this.camera() })
+    api.render(this.job.id, { width, height, output: this.output, ...this.view() })
       .then((blob) => {
         if (this.disposed) return;
         this.frame.show(blob);
