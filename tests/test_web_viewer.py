@@ -28,8 +28,9 @@ W, H = 200, 150
 JOB = {"id": JOB_ID, "kind": "nerf", "status": "succeeded", "created_at": NOW, "updated_at": NOW,
        "config": {"steps": 100}, "error": None, "metrics": {"test_psnr": 26.5},
        "progress": {"step": 100, "total_steps": 100, "loss": 0.004, "psnr": 24.0, "elapsed_s": 9.0, "eta_s": 0},
-       "dataset": {"width": W, "height": H, "normalization": {"scale": SCALE, "offset": CENTER},
-                   "source_format": "blender"}}
+       # the summary service/intake/nerf.py records for an upload
+       "dataset": {"filename": "scene.zip", "source_format": "blender", "n_train": 8, "n_test": 2, "n_val": 0,
+                   "sizes": [f"{W}x{H}"], "has_alpha": True, "normalization": {"scale": SCALE, "offset": CENTER}}}
 
 
 def png(width: int, height: int, output: str) -> bytes:

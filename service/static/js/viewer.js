@@ -38,6 +38,9 @@ export function datasetSize(job) {
   for (const [w, h] of pairs) if (num(w) && num(h)) return [w, h];
   if (Array.isArray(d.size) && num(d.size[0]) && num(d.size[1])) return [d.size[0], d.size[1]];
   if (Array.isArray(d.frames) && d.frames[0] && num(d.frames[0].w)) return [d.frames[0].w, d.frames[0].h];
+  // nerf intake: "sizes": ["800x800", ...]
+  const m = Array.isArray(d.sizes) && /^(\d+)x(\d+)$/.exec(String(d.sizes[0]));
+  if (m) return [Number(m[1]), Number(m[2])];
   const r = num((job.config || {}).resolution) || 64;
   return [r, r];
 }
