@@ -73,6 +73,8 @@ def test_upload_train_and_view(page, fs_stack, tmp_path):
     page.wait_for_selector("#d-status.succeeded", timeout=120_000)
     page.wait_for_selector(f"#jobs tr[data-id='{job_id}'] .badge.succeeded")
     assert "step 500 / 500" in page.text_content("#d-progress-text")
+    done = fs_stack.client.get(f"/v1/jobs/{job_id}").json()
+    assert f"psnr {done['metrics']['psnr']:.2f}" in page.text_content("#d-metrics")
     # The plot was fed by the event stream: several distinct steps arrived live or replayed.
     assert int(page.get_attribute("#plot", "data-points")) >= 3
 

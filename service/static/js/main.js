@@ -119,6 +119,11 @@ function showJob(job) {
   $("d-status").replaceWith(Object.assign(badge(job.status), { id: "d-status" }));
   $("d-bar").style.width = `${Math.round(fraction(job.progress) * 100)}%`;
   $("d-progress-text").textContent = progressText(job.progress, job.status);
+  const metrics = Object.entries(job.metrics || {}).filter(([, v]) => typeof v === "number");
+  $("d-metrics").hidden = metrics.length === 0;
+  $("d-metrics").textContent = metrics.length
+    ? "result: " + metrics.map(([k, v]) => `${k} ${Number.isInteger(v) ? v : v.toFixed(k.includes("psnr") ? 2 : 3)}`).join(" · ")
+    : "";
   $("d-error").hidden = !job.error;
   $("d-error").textContent = job.error ? `error: ${job.error}` : "";
   $("d-cancel").hidden = TERMINAL.has(job.status);
