@@ -108,9 +108,17 @@ def test_oversize_upload_without_content_length(api):
 @pytest.mark.parametrize("missing", ["kind", "dataset"])
 def test_missing_form_field(api, missing):
     form = {} if missing == "kind" else {"kind": "image"}
-    files = {} if missing == "dataset" else {"dataset": ("p.png", png_bytes(16, 16), "image/png")}
-    r = api.client.post("/v1/jobs", data=form, files=files or None)
-    assert r.status_code == 422 and r.json()["detail"]
+    name = "dataset" if missing == "kind" else "photo"
+    r = api.client.post("/v1/jobs", data=form, files={name: ("p.png", png_bytes(16, 16), "image/png")})
+    assert r.status_code == 422 and missing in r.json()["detail"]
+    assert api.job_dirs() == []
+
+
+def test_not_multipart(api):
+    r = api.client.post("/v1/jobs", data={"kind": "image"})
+    assert r.status_code == 415 and "multipart" in r.json()["detail"]
+    r = api.client.post("/v1/jobs", content=b"--x\r\ngarbage", headers={"content-type": "multipart/form-data; boundary=x"})
+    assert 400 <= r.status_code < 500 and r.json()["detail"]
     assert api.job_dirs() == []
 
 
@@ -139,3 +147,25 @@ def test_render_requests_on_a_job_that_has_not_succeeded(api):
         assert api.client.delete(f"/v1/jobs/{job['id']}").status_code == 204
         for m in _queued_messages(api):
             m.unlink()  # the cancelled task's message; no worker will ever take it here
+
+
+def test_client_disconnect_mid_upload_leaves_nothing(api):
+    import socket
+    import time
+
+    boundary = "cutBOUNDARY"
+    head = (f'--{boundary}\r\nContent-Disposition: form-data; name="kind"\r\n\r\nimage\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="dataset"; filename="a.png"\r\n'
+            f"Content-Type: image/png\r\n\r\n").encode()
+    body = head + png_bytes(64, 64)
+    with socket.create_connection(("127.0.0.1", api.port)) as s:
+        s.sendall((f"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body) + 10_000}\r\n"
+                   f"Content-Type: multipart/form-data; boundary={boundary}\r\n\r\n").encode() + body)
+        deadline = time.monotonic() + 5
+        while not api.job_dirs() and time.monotonic() < deadline:
+            time.sleep(0.02)  # the upload is being received into its job folder
+        assert api.job_dirs(), "the partial upload never reached a job folder"
+    deadline = time.monotonic() + 10
+    while api.job_dirs() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert api.job_dirs() == [] and _queued_messages(api) == []

@@ -165,6 +165,8 @@ def train(ctx) -> dict[str, Any]:
     if ckpt is not None and ckpt.meta.get("config") == config and ckpt.step <= steps:
         start = _unpack(ckpt)  # a redelivered task resumes where the last checkpoint left off
     ctx.progress.start_step = start["step"] if start else 0
+    # Report at once: the first optimiser step can take a while (allocations, thread pools).
+    ctx.progress.report(ctx.progress.start_step, steps, force=True)
 
     def on_step(step, model, opt, loss):
         ctx.raise_if_cancelled()

@@ -8,13 +8,15 @@ import re
 import shutil
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, File, Form, HTTPException, Query, UploadFile
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
 from api_schemas.jobs import Job, JobKind, JobList, JobStatus
 from service.api.deps import get_queue, get_settings_dep, get_storage, get_store, job_id_param, load_job
 from service.intake import IntakeError
-from service.intake.registry import KINDS, get_kind
+from service.api.multipart import boundary_of, read_form
+from service.intake.registry import KINDS, available_kinds, get_kind
 from service.queue import TaskQueue
 from service.settings import Settings
 from service.storage import LocalStorage
@@ -22,8 +24,6 @@ from service.store import JobNotFound, JobStore
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-
-CHUNK = 1024 * 1024
 
 
 def _validation_detail(exc: ValidationError) -> str:
@@ -55,49 +55,72 @@ def _safe_name(filename: str | None) -> str:
     return base.lstrip(".")[:120] or "upload"
 
 
-def _copy_capped(upload: UploadFile, dest, max_bytes: int) -> int:
-    total = 0
-    with open(dest, "wb") as out:
-        while chunk := upload.file.read(CHUNK):
-            total += len(chunk)
-            if total > max_bytes:
-                raise IntakeError(413, f"upload exceeds the limit of {max_bytes} bytes (MAX_UPLOAD_MB)")
-            out.write(chunk)
-    return total
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"multipart/form-data": {"schema": {
+            "type": "object",
+            "required": ["kind", "dataset"],
+            "properties": {
+                "kind": {"type": "string", "enum": list(KINDS), "description": "job kind"},
+                "dataset": {"type": "string", "format": "binary",
+                            "description": "image: a PNG or JPEG; nerf: an archive"},
+                "config": {"type": "string", "description": "JSON object; omitted keys take defaults"},
+            },
+        }}},
+    }
+}
 
 
-@router.post("", status_code=202, response_model=Job, summary="Upload a dataset and start training")
-def create_job(
-    kind: Annotated[str, Form(description=f"job kind: {', '.join(KINDS)}")],
-    dataset: Annotated[UploadFile, File(description="image: a PNG or JPEG; nerf: an archive")],
-    config: Annotated[str | None, Form(description="JSON object; omitted keys take defaults")] = None,
+def _finish_intake(spec, cfg: dict, upload, job_id: str, paths, store: JobStore, settings: Settings) -> Job:
+    result = spec.intake.validate_upload(upload.path, upload.filename or upload.path.name, cfg, paths.root, settings)
+    effective, info = result if isinstance(result, tuple) else (result, {})
+    shutil.rmtree(paths.upload, ignore_errors=True)
+    return store.create(job_id, spec.name, effective, info)
+
+
+@router.post("", status_code=202, response_model=Job, summary="Upload a dataset and start training",
+             openapi_extra=UPLOAD_BODY,
+             responses={413: {"description": "over MAX_UPLOAD_MB"}, 415: {"description": "not a supported file"},
+                        422: {"description": "unknown kind, bad config or bad file"}})
+async def create_job(
+    request: Request,
     settings: Settings = Depends(get_settings_dep),
     storage: LocalStorage = Depends(get_storage),
     store: JobStore = Depends(get_store),
     queue: TaskQueue = Depends(get_queue),
 ) -> Job:
-    spec = get_kind(kind)
-    if spec is None:
-        raise HTTPException(422, f"unknown kind {kind!r}")
-    cfg = _parse_config(spec, config)
-
+    try:
+        boundary_of(request)
+    except IntakeError as exc:
+        raise HTTPException(exc.status_code, exc.detail) from None
     job_id, paths = storage.new_job_dir()
     try:
         paths.upload.mkdir()
-        src = paths.upload / _safe_name(dataset.filename)
-        _copy_capped(dataset, src, settings.max_upload_bytes)
-        result = spec.intake.validate_upload(src, dataset.filename or src.name, cfg, paths.root, settings)
-        effective, info = result if isinstance(result, tuple) else (result, {})
-        shutil.rmtree(paths.upload, ignore_errors=True)
-        job = store.create(job_id, kind, effective, info)
+        form = await read_form(request, lambda _field, name: paths.upload / _safe_name(name),
+                               settings.max_upload_bytes)
+        kind = form.fields.get("kind")
+        if not kind:
+            raise IntakeError(422, "form field `kind` is required")
+        spec = get_kind(kind)
+        if spec is None:
+            raise IntakeError(422, f"unknown kind {kind!r}; available: {', '.join(available_kinds()) or 'none'}")
+        cfg = _parse_config(spec, form.fields.get("config"))
+        upload = next((f for f in form.files if f.field == "dataset"), None)
+        if upload is None:
+            raise IntakeError(422, "form field `dataset` (a file) is required")
+        job = await run_in_threadpool(_finish_intake, spec, cfg, upload, job_id, paths, store, settings)
     except IntakeError as exc:
         storage.remove_job_dir(job_id)
         raise HTTPException(exc.status_code, exc.detail) from None
+    except HTTPException:
+        storage.remove_job_dir(job_id)
+        raise
     except BaseException:
         storage.remove_job_dir(job_id)
         raise
     try:
-        queue.send_train(job_id)
+        await run_in_threadpool(queue.send_train, job_id)
     except Exception as exc:
         log.exception("could not enqueue job %s", job_id)
         storage.remove_job_dir(job_id)
