@@ -48,12 +48,13 @@ def webp_animation(width: int, height: int, n: int) -> bytes:
 
 
 @pytest.fixture
-def viewer_page(fs_stack):
+def viewer_page(stack_factory):
+    api_only = stack_factory(queues=None)  # the page and the job list are real; no worker needed
     renders: list[dict] = []
     paths: list[dict] = []
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        ctx = browser.new_context(viewport={"width": 1280, "height": 1000}, base_url=fs_stack.base_url)
+        ctx = browser.new_context(viewport={"width": 1280, "height": 1000}, base_url=api_only.base_url)
         page = ctx.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
