@@ -171,6 +171,7 @@ async def stream_job_events(
                                  else last_event_id)
     if not paths.job_json.is_file():
         raise HTTPException(404, detail=f"job {job_id} not found")
-    # ping keeps proxies from closing the stream while a job waits in the queue.
-    return EventSourceResponse(job_events(paths, after), ping=10,
+    # ping keeps proxies from closing the stream while a job waits in the queue;
+    # send_timeout drops a client that stopped reading instead of holding its task forever.
+    return EventSourceResponse(job_events(paths, after), ping=10, send_timeout=30,
                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
