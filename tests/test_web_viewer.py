@@ -142,6 +142,15 @@ def test_orbit_viewer_requests(viewer_page):
     zoomed = wait_still(page, renders, W)
     assert dist(eye_of(zoomed), CENTER) > dist(eye_of(still), CENTER) * 1.2
 
+    # The keyboard orbits as well.
+    page.focus(".stage")
+    page.keyboard.press("ArrowLeft")
+    page.keyboard.press("ArrowLeft")
+    keyed = wait_still(page, renders, W)
+    assert dist(eye_of(keyed), eye_of(zoomed)) > 0.1
+    assert dist(eye_of(keyed), CENTER) == pytest.approx(dist(eye_of(zoomed), CENTER))
+    zoomed = keyed
+
     # Depth toggle asks for depth at full size and shows it.
     page.check("input[name=output][value=depth]")
     depth = wait_still(page, renders, W)

@@ -139,7 +139,7 @@ export class OrbitViewer {
     this.frame = new Frame("rendered view");
     this.hud = el("span", { class: "hud", id: "hud" }, "");
     this.msg = el("span", { class: "muted", id: "frame-msg" });
-    this.stage = el("div", { class: "stage orbit", title: "drag to orbit, scroll to zoom" }, this.frame.img, this.hud);
+    this.stage = el("div", { class: "stage orbit", title: "drag or arrow keys to orbit, scroll or +/- to zoom" }, this.frame.img, this.hud);
     // shown at least 400 px wide: frames from small datasets are enlarged, not requested larger
     this.stage.style.width = `${Math.max(this.full[0], 400)}px`;
     this.stage.style.aspectRatio = `${this.full[0]} / ${this.full[1]}`;
@@ -211,6 +211,21 @@ export class OrbitViewer {
     const end = () => { last = null; this.stage.classList.remove("dragging"); };
     this.stage.addEventListener("pointerup", end);
     this.stage.addEventListener("pointercancel", end);
+    // Keyboard too: arrows orbit, +/- zoom (focus the view first; it takes Tab).
+    this.stage.tabIndex = 0;
+    this.stage.addEventListener("keydown", (ev) => {
+      const o = this.o;
+      const moves = {
+        ArrowLeft: () => { o.azimuth += 0.1; }, ArrowRight: () => { o.azimuth -= 0.1; },
+        ArrowUp: () => { o.elevation = Math.min(1.5, o.elevation + 0.1); },
+        ArrowDown: () => { o.elevation = Math.max(-1.5, o.elevation - 0.1); },
+        "+": () => { o.radius /= 1.1; }, "=": () => { o.radius /= 1.1; }, "-": () => { o.radius *= 1.1; },
+      };
+      if (!moves[ev.key]) return;
+      ev.preventDefault();
+      moves[ev.key]();
+      this.changed(true);
+    });
     this.stage.addEventListener("wheel", (ev) => {
       ev.preventDefault();
       this.o.radius = Math.max(1e-3, this.o.radius * Math.exp(ev.deltaY * 0.001));
