@@ -52,7 +52,7 @@ class TaskQueue:
         deadline = time.monotonic() + self.settings.render_timeout_s
         delay = 0.01
         try:
-            while not res.ready():
+            while not self._ready(res):
                 if time.monotonic() > deadline:
                     res.revoke()
                     raise RenderTimeout(f"render did not finish within {self.settings.render_timeout_s:g} s")
@@ -63,6 +63,15 @@ class TaskQueue:
             return res.result
         finally:
             res.forget()
+
+    @staticmethod
+    def _ready(res) -> bool:
+        try:
+            return res.ready()
+        except ValueError:
+            # Celery's file:// backend rewrites result files in place: a read can catch one
+            # half written. The next poll sees it whole.
+            return False
 
     def ping(self, timeout: float = 2.0) -> bool:
         """Broker reachable (a worker need not be up)."""
