@@ -36,7 +36,7 @@ class TaskQueue:
 
     def send_train(self, job_id: str) -> None:
         # task_id == job_id, so cancelling a queued job can revoke it without extra state.
-        self.client.send_task(TASK_TRAIN, args=[job_id], queue=TRAIN_QUEUE, task_id=job_id)
+        self.client.send_task(TASK_TRAIN, args=[job_id], queue=TRAIN_QUEUE, task_id=job_id, ignore_result=True)
 
     def revoke(self, job_id: str) -> None:
         try:

@@ -99,7 +99,7 @@ class Stack:
         return subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
-    def start_api(self, timeout: float = 30) -> None:
+    def start_api(self, timeout: float = 30, ready_path: str = "/readyz") -> None:
         self.api = self._spawn("api", [sys.executable, "-m", "uvicorn", "service.app:app", "--host", "127.0.0.1",
                                        "--port", str(self.port), "--log-level", "warning"])
         deadline = time.monotonic() + timeout
@@ -107,7 +107,7 @@ class Stack:
             if self.api.poll() is not None:
                 raise RuntimeError(f"API exited with {self.api.returncode}\n{self.logs()}")
             try:
-                if httpx.get(self.base_url + "/readyz", timeout=2).status_code == 200:
+                if httpx.get(self.base_url + ready_path, timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
