@@ -121,6 +121,8 @@ class LocalService:
     env: dict[str, str]
     health_argv: list[str] | None
     log_path: Path
+    stop_signal: str = "SIGTERM"
+    stop_grace_s: float = 10.0
     proc: subprocess.Popen | None = None
     _log: Any = field(default=None, repr=False)
 
@@ -135,14 +137,15 @@ class LocalService:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self, timeout: float = 30) -> int | None:
-        """SIGTERM, as `docker stop` sends; SIGKILL after `timeout`. Returns the exit code."""
+    def stop(self) -> int | None:
+        """As `docker compose stop`: the service's stop_signal, SIGKILL after stop_grace_period.
+        Returns the exit code."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(getattr(signal, self.stop_signal))
             try:
-                self.proc.wait(timeout)
+                self.proc.wait(self.stop_grace_s)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
@@ -238,7 +241,20 @@ class LocalTopology:
         health = healthcheck_argv(svc)
         if health:
             health = [self._localise(a, volumes, own) for a in health]
-        return LocalService(name, argv, env, health, self.scratch / "logs" / f"{name}.log")
+        return LocalService(name, argv, env, health, self.scratch / "logs" / f"{name}.log",
+                            stop_signal=str(svc.get("stop_signal", "SIGTERM")),
+                            stop_grace_s=_seconds(svc.get("stop_grace_period", "10s")))
+
+
+def _seconds(duration: str | int | float) -> float:
+    """Compose durations: 30s, 1m30s, 2m, 500ms."""
+    if isinstance(duration, (int, float)):
+        return float(duration)
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001, "us": 1e-6}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|h|m|s)", duration)
+    if not parts or "".join(n + u for n, u in parts) != duration:
+        raise ValueError(f"bad duration {duration!r}")
+    return sum(float(n) * units[u] for n, u in parts)
 
 
 def _default_port(name: str, svc: Mapping[str, Any]) -> int:

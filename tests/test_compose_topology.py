@@ -99,7 +99,7 @@ class Stack:
     def close(self):
         self.http.close()
         for svc in reversed(list(self.services.values())):
-            svc.stop(timeout=20)
+            svc.stop()
         self.redis.terminate()
         self.redis.wait(10)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -180,7 +180,7 @@ def test_compose_services_run_a_job_and_training_outlives_the_render_worker(stac
     job2 = _submit(stack.http, photo, steps2)
     _wait(stack.http, job2, lambda j: j["status"] == "running" and j["progress"]["step"] > 0, 120, "running")
 
-    assert render.stop(timeout=30) == 0, render.log()  # SIGTERM, as `docker compose stop` sends
+    assert render.stop() == 0, render.log()  # as `docker compose stop worker-render`
     running = stack.http.get(f"/v1/jobs/{job2}").json()
     assert running["status"] == "running", f"training ended before the render worker stopped: {running}"
     assert train.alive()
@@ -206,3 +206,46 @@ def test_compose_services_run_a_job_and_training_outlives_the_render_worker(stac
     r = stack.http.post(f"/v1/jobs/{job2}/render", json={"width": 48, "height": 48})
     assert r.status_code == 200, r.text
     assert _png_size(r.content) == (48, 48)
+
+
+def _progress_steps(tmp: Path, job_id: str) -> list[int]:
+    events = (tmp / "volumes" / "data" / "jobs" / job_id / "events.jsonl").read_text().splitlines()
+    return [e["data"]["step"] for e in map(json.loads, events) if e["event"] == "progress"]
+
+
+def test_restarting_the_train_worker_hands_the_training_to_the_next_one(stack):
+    """`docker compose stop worker-train` mid-training (an upgrade, a host drain): the compose
+    stop_signal gives the task back to Redis at once, and the next train worker resumes it from
+    its latest checkpoint instead of it waiting out the visibility timeout."""
+    stack.topology.base_env["CHECKPOINT_INTERVAL_S"] = "0.5"  # a checkpoint soon
+    api, train = stack.start("api"), stack.start("worker-train")
+    api.wait_healthy(180)
+    train.wait_healthy(180)
+    photo = _photo_png(32)
+
+    job = _submit(stack.http, photo, 100_000)  # far longer than this test waits for one worker
+    _wait(stack.http, job, lambda j: j["progress"]["step"] > 200, 120, "training")
+    latest = stack.tmp / "volumes" / "data" / "jobs" / job / "checkpoints" / "latest"
+    end = time.monotonic() + 30
+    while not latest.exists():
+        assert time.monotonic() < end, train.log()
+        time.sleep(0.1)
+
+    t0 = time.monotonic()
+    assert train.stop() == 0, train.log()
+    assert time.monotonic() - t0 < train.stop_grace_s  # stopped by the signal, not killed after the grace
+    assert stack.http.get(f"/v1/jobs/{job}").json()["status"] == "running"
+    import redis
+
+    assert redis.Redis(port=stack.redis_port).llen("train") == 1  # back on the queue, not unacked
+
+    stopped_at = _progress_steps(stack.tmp, job)
+    checkpoint_step = int(latest.read_text().strip())
+    train2 = stack.start("worker-train")
+    _wait(stack.http, job, lambda j: j["progress"]["step"] > max(stopped_at) + 200, 120, "resumed")
+    assert stack.worker_totals("worker-train") == {"nf.train": 1}  # the new process has it
+
+    # The resumed run's first progress is the latest checkpoint's step, not 0.
+    resumed_from = _progress_steps(stack.tmp, job)[len(stopped_at)]
+    assert resumed_from == checkpoint_step > 0, (stopped_at[-5:], resumed_from, checkpoint_step)
+    train2.stop()
