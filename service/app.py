@@ -6,7 +6,9 @@ import importlib
 import logging
 import pkgutil
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 import service.api.routes as routes_pkg
 from service.api.upload_limit import UploadLimitMiddleware
@@ -37,6 +39,21 @@ def _include_routes(app: FastAPI) -> None:
             app.include_router(router)
 
 
+def _readable(errors) -> tuple[str, list[dict]]:
+    parts, clean = [], []
+    for e in errors:
+        loc = [str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path")]
+        parts.append(f"{'.'.join(loc) or 'request'}: {e.get('msg', 'invalid')}")
+        clean.append({"loc": loc, "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))})
+    return "; ".join(parts), clean
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    # One readable string in `detail`, like every other error here; the list stays in `errors`.
+    detail, errors = _readable(exc.errors())
+    return JSONResponse({"detail": detail, "errors": errors}, status_code=422)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     app = FastAPI(title="Neural-field service", version="1.0", description=DESCRIPTION)
@@ -46,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.storage = storage
     app.state.store = JobStore(storage)
     app.state.queue = TaskQueue(make_client(settings), settings)
+    app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_middleware(UploadLimitMiddleware, max_bytes=settings.max_upload_bytes)
     _include_routes(app)
     mount_web(app)

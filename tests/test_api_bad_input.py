@@ -139,9 +139,18 @@ def test_render_requests_on_a_job_that_has_not_succeeded(api):
         assert r.status_code == 409 and "queued" in r.json()["detail"]
         r = api.client.post(f"/v1/jobs/{job['id']}/render", json={"width": 8000, "height": 8000})
         assert r.status_code == 422 and "MAX_RENDER_PIXELS" in r.json()["detail"]
-        for bad in ({"width": 0, "height": 8}, {"width": 8}, {"width": 8, "height": 8, "zoom": 2}):
+        eye_is_target = {"look_at": {"eye": [1, 2, 3], "target": [1, 2, 3]}}
+        for bad, says in (({"width": 0, "height": 8}, "width"), ({"width": 8}, "height"),
+                          ({"width": 8, "height": 8, "zoom": 2}, "zoom"),
+                          ({"width": 8, "height": 8, "camera": eye_is_target}, "same point"),
+                          ({"width": 8, "height": 8, "fov_x_deg": 180}, "fov_x_deg"),
+                          ({"width": 8, "height": 8, "fov_y_deg": 0}, "fov_y_deg"),
+                          ({"width": 8, "height": 8, "camera": {"c2w": [[1, 0, 0]]}}, "c2w")):
             r = api.client.post(f"/v1/jobs/{job['id']}/render", json=bad)
-            assert r.status_code == 422 and r.json()["detail"]
+            assert r.status_code == 422, (bad, r.text)
+            assert isinstance(r.json()["detail"], str) and says in r.json()["detail"], r.json()
+        r = api.client.post(f"/v1/jobs/{job['id']}/render/path", json={"width": 8, "height": 8})
+        assert r.status_code == 422 and "poses or orbit" in r.json()["detail"]
     finally:
         assert api.client.post(f"/v1/jobs/{job['id']}/cancel").json()["status"] == "cancelled"
         assert api.client.delete(f"/v1/jobs/{job['id']}").status_code == 204

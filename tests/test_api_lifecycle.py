@@ -103,8 +103,10 @@ def test_render_limits_on_a_trained_job(fs_stack):
     with_camera = fs_stack.client.post(f"/v1/jobs/{job_id}/render",
                                        json={"width": 8, "height": 8, "camera": {"c2w": [[1, 0, 0, 0]] * 4}})
     assert with_camera.status_code == 422 and "camera" in with_camera.json()["detail"]
-    path = fs_stack.client.post(f"/v1/jobs/{job_id}/render_path", json={"width": 8, "height": 8})
-    assert path.status_code == 422 and isinstance(path.json()["detail"], str)
+    for route in ("render/path", "render_path"):
+        path = fs_stack.client.post(f"/v1/jobs/{job_id}/{route}", json={"width": 8, "height": 8,
+                                                                        "orbit": {"radius": 2}})
+        assert path.status_code == 422 and "image jobs do not support" in path.json()["detail"]
     jpeg = fs_stack.client.post(f"/v1/jobs/{job_id}/render", json={"width": 24, "height": 8, "format": "jpeg"})
     assert jpeg.status_code == 200 and jpeg.headers["content-type"] == "image/jpeg"
     assert Image.open(io.BytesIO(jpeg.content)).size == (24, 8)

@@ -48,9 +48,14 @@ def render(job_id: str, req: RenderRequest, store: JobStore = Depends(get_store)
     return _run(queue, job.id, req.model_dump(mode="json", exclude_none=True), path=False)
 
 
-@router.post("/{job_id}/render_path", response_class=Response, summary="Render an animation along a camera path",
-             responses={200: {"content": {"image/gif": {}, "video/mp4": {}, "image/webp": {}}}})
+@router.post("/{job_id}/render/path", response_class=Response, summary="Render frames along a camera path",
+             responses={200: {"content": {"image/webp": {}, "application/zip": {}}}})
 def render_path(job_id: str, req: PathRequest, store: JobStore = Depends(get_store),
                 settings: Settings = Depends(get_settings_dep), queue: TaskQueue = Depends(get_queue)) -> Response:
     job = _check(store, settings, job_id, req.width, req.height)
     return _run(queue, job.id, req.model_dump(mode="json", exclude_none=True), path=True)
+
+
+# The first name this route had; kept so early clients keep working.
+router.add_api_route("/{job_id}/render_path", render_path, methods=["POST"], response_class=Response,
+                     include_in_schema=False)
