@@ -304,8 +304,7 @@ def cmd_path(api: Api, args) -> int:
     if args.orbit is not None:
         orbit = dict(args.orbit)
         orbit["center"] = args.center
-        if args.up is not None:
-            orbit["up"] = args.up
+        orbit["up"] = args.up
         body["orbit"] = orbit
     elif args.poses is not None:
         body["poses"] = json.loads(args.poses.read_text())
@@ -420,7 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--orbit", type=orbit_arg, metavar="R[,ELEV[,N]]",
                    help="orbit radius, elevation in degrees (30) and frame count (36)")
     s.add_argument("--center", type=vec3, default=[0.0, 0.0, 0.0], metavar="X,Y,Z")
-    s.add_argument("--up", type=vec3, default=None, metavar="X,Y,Z")
+    s.add_argument("--up", type=vec3, default=[0.0, 0.0, 1.0], metavar="X,Y,Z",
+                   help="orbit axis (default 0,0,1 as render's --look-at)")
     s.add_argument("--poses", type=Path, default=None, help="JSON file with a list of cameras instead")
     view_args(s, 200, 200)
     s.set_defaults(fn=cmd_path)
