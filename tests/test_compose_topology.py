@@ -108,7 +108,7 @@ class Stack:
 
 
 @pytest.fixture
-def stack(tmp_path):
+def compose_stack(tmp_path):
     s = Stack(tmp_path)
     try:
         yield s
@@ -151,7 +151,8 @@ def _png_size(body: bytes) -> tuple[int, int]:
     return Image.open(io.BytesIO(body)).size
 
 
-def test_compose_services_run_a_job_and_training_outlives_the_render_worker(stack):
+def test_compose_services_run_a_job_and_training_outlives_the_render_worker(compose_stack):
+    stack = compose_stack
     api = stack.start("api")
     train = stack.start("worker-train")
     render = stack.start("worker-render")
@@ -213,10 +214,11 @@ def _progress_steps(tmp: Path, job_id: str) -> list[int]:
     return [e["data"]["step"] for e in map(json.loads, events) if e["event"] == "progress"]
 
 
-def test_restarting_the_train_worker_hands_the_training_to_the_next_one(stack):
+def test_restarting_the_train_worker_hands_the_training_to_the_next_one(compose_stack):
     """`docker compose stop worker-train` mid-training (an upgrade, a host drain): the compose
     stop_signal gives the task back to Redis at once, and the next train worker resumes it from
     its latest checkpoint instead of it waiting out the visibility timeout."""
+    stack = compose_stack
     stack.topology.base_env["CHECKPOINT_INTERVAL_S"] = "0.5"  # a checkpoint soon
     api, train = stack.start("api"), stack.start("worker-train")
     api.wait_healthy(180)
