@@ -1,0 +1,14 @@
+"""Compute ops for the NeRF job: one source for CPU (C++/OpenMP) and CUDA, plus pure-torch references.
+
+See docs/kernels.md for signatures and a training-step example.
+"""
+
+from ._ext import KernelBuildError
+from .composite import composite, composite_reference, ray_offsets, render_weights_reference
+from .hash_grid import HashGrid, hash_grid_reference
+from .sh import sh_encode, sh_reference
+
+__all__ = [
+    "HashGrid", "hash_grid_reference", "sh_encode", "sh_reference", "composite", "composite_reference",
+    "render_weights_reference", "ray_offsets", "KernelBuildError",
+]

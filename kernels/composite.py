@@ -1,0 +1,106 @@
+"""Volume compositing over packed samples (nerfacc layout)."""
+
+from __future__ import annotations
+
+import torch
+
+from . import _ext
+from .hash_grid import _check_backend
+
+EARLY_STOP_T = 1e-4
+
+
+def ray_offsets(ray_indices: torch.Tensor, n_rays: int) -> torch.Tensor:
+    """(n_rays + 1,) int64 start offsets of each ray's samples; ray_indices must be sorted."""
+    ri = ray_indices.long()
+    if ri.numel() and ((ri[1:] < ri[:-1]).any() or ri[0] < 0 or ri[-1] >= n_rays):
+        raise ValueError("ray_indices must be sorted (samples packed per ray) and within [0, n_rays)")
+    counts = torch.bincount(ri, minlength=n_rays)
+    offsets = torch.zeros(n_rays + 1, dtype=torch.int64, device=ri.device)
+    torch.cumsum(counts, 0, out=offsets[1:])
+    return offsets
+
+
+def render_weights_reference(sigmas, t_starts, t_ends, ray_indices, n_rays, offsets=None):
+    """Per-sample weights T*alpha with early stop, pure torch."""
+    if offsets is None:
+        offsets = ray_offsets(ray_indices, n_rays)
+    ri = ray_indices.long()
+    tau = sigmas * (t_ends - t_starts)
+    # Segmented exclusive sum in float64: one global cumsum over all rays would otherwise lose the
+    # small per-ray optical depths against the large running total.
+    cs = torch.cumsum(tau.double(), 0)
+    incl_start = torch.cat([cs.new_zeros(1), cs])[offsets[:-1]][ri]
+    excl = (cs - tau.double() - incl_start).to(sigmas.dtype)
+    trans = torch.exp(-excl)
+    alive = trans >= EARLY_STOP_T
+    alive = alive & _prefix_all(alive, ri, offsets)
+    return torch.where(alive, trans * -torch.expm1(-tau), torch.zeros_like(tau))
+
+
+def _prefix_all(mask, ri, offsets):
+    # A sample is kept only if no earlier sample of its ray stopped (transmittance only falls,
+    # so this is a no-op except for round-off; it mirrors the kernel's `break`).
+    dead = (~mask).long()
+    cd = torch.cumsum(dead, 0)
+    before = torch.cat([cd.new_zeros(1), cd])[offsets[:-1]][ri]
+    return (cd - dead - before) == 0
+
+
+def composite_reference(sigmas, rgbs, t_starts, t_ends, ray_indices, n_rays, offsets=None):
+    w = render_weights_reference(sigmas, t_starts, t_ends, ray_indices, n_rays, offsets)
+    ri = ray_indices.long()
+    rgb = torch.zeros(n_rays, 3, dtype=rgbs.dtype, device=rgbs.device).index_add(0, ri, w[:, None] * rgbs)
+    depth = torch.zeros(n_rays, dtype=w.dtype, device=w.device).index_add(0, ri, w * 0.5 * (t_starts + t_ends))
+    opacity = torch.zeros(n_rays, dtype=w.dtype, device=w.device).index_add(0, ri, w)
+    return rgb, depth, opacity
+
+
+class _CompositeFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, sigmas, rgbs, t_starts, t_ends, offsets):
+        mod = _ext.for_tensor(sigmas)
+        rgb, depth, opacity = mod.composite_forward(sigmas, rgbs, t_starts, t_ends, offsets, EARLY_STOP_T)
+        ctx.save_for_backward(sigmas, rgbs, t_starts, t_ends, offsets)
+        return rgb, depth, opacity
+
+    @staticmethod
+    def backward(ctx, g_rgb, g_depth, g_opacity):
+        sigmas, rgbs, t_starts, t_ends, offsets = ctx.saved_tensors
+        n = offsets.numel() - 1
+
+        def dense(g, shape):
+            return torch.zeros(shape, dtype=sigmas.dtype, device=sigmas.device) if g is None else g.contiguous()
+
+        mod = _ext.for_tensor(sigmas)
+        gs, gc = mod.composite_backward(sigmas, rgbs, t_starts, t_ends, offsets, EARLY_STOP_T,
+                                        dense(g_rgb, (n, 3)), dense(g_depth, (n,)), dense(g_opacity, (n,)))
+        return gs, gc, None, None, None
+
+
+def composite(sigmas: torch.Tensor, rgbs: torch.Tensor, t_starts: torch.Tensor, t_ends: torch.Tensor,
+              ray_indices: torch.Tensor, n_rays: int, background: torch.Tensor | float | None = None, *,
+              offsets: torch.Tensor | None = None, backend: str = "ext"):
+    """Composite packed samples -> (rgb (n_rays, 3), depth (n_rays,), opacity (n_rays,)).
+
+    alpha = 1 - exp(-sigma * dt), weight = T * alpha, stop once T < 1e-4. depth is the
+    weight-sum of interval midpoints (not divided by opacity). background (scalar, (3,) or
+    (n_rays, 3)) fills (1 - opacity). Samples must be sorted by ray, as march_rays returns them;
+    pass its `offsets` to skip recomputing them. Differentiable w.r.t. sigmas and rgbs.
+    """
+    _check_backend(backend)
+    s = sigmas.reshape(-1)
+    if rgbs.shape != (s.shape[0], 3):
+        raise ValueError(f"rgbs must be ({s.shape[0]}, 3), got {tuple(rgbs.shape)}")
+    t0, t1 = t_starts.reshape(-1), t_ends.reshape(-1)
+    if offsets is None:
+        offsets = ray_offsets(ray_indices.reshape(-1), n_rays)
+    if backend == "reference":
+        rgb, depth, opacity = composite_reference(s, rgbs, t0, t1, ray_indices.reshape(-1), n_rays, offsets)
+    else:
+        rgb, depth, opacity = _CompositeFn.apply(s.contiguous(), rgbs.contiguous(), t0.contiguous().to(s.dtype),
+                                                 t1.contiguous().to(s.dtype), offsets.contiguous())
+    if background is not None:
+        bg = torch.as_tensor(background, dtype=rgb.dtype, device=rgb.device)
+        rgb = rgb + (1.0 - opacity)[:, None] * bg
+    return rgb, depth, opacity

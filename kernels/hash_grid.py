@@ -1,0 +1,163 @@
+"""Multi-resolution hash encoding (instant-ngp), 2D or 3D."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from . import _ext
+
+PRIMES = (1, 2654435761, 805459861)
+
+
+def level_layout(n_input_dims: int, n_levels: int, log2_hashmap_size: int, base_resolution: float,
+                 per_level_scale: float):
+    """Per-level scale (float32 values), grid resolution, row offsets and hashed flag.
+
+    scale_l = base * per_level_scale^l - 1 and a point maps to scale_l * x + 0.5 (tiny-cuda-nn).
+    The resolution is floor(scale_l + 0.5) + 2, so the upper corner of x = 1.0 still lies inside
+    the dense grid (tiny-cuda-nn's ceil(scale) + 1 aliases it into the next row).
+    """
+    table = 1 << log2_hashmap_size
+    scales, res, offsets, hashed = [], [], [0], []
+    for level in range(n_levels):
+        s = float(torch.tensor(base_resolution * per_level_scale**level - 1.0, dtype=torch.float32))
+        r = int(math.floor(s + 0.5)) + 2
+        dense = r**n_input_dims
+        if dense <= table:
+            rows = min(-(-dense // 8) * 8, table)
+            hashed.append(False)
+        else:
+            rows = table
+            hashed.append(True)
+        scales.append(s)
+        res.append(r)
+        offsets.append(offsets[-1] + rows)
+    return (torch.tensor(scales, dtype=torch.float32), torch.tensor(res, dtype=torch.int64),
+            torch.tensor(offsets, dtype=torch.int64), torch.tensor(hashed, dtype=torch.bool))
+
+
+def hash_grid_reference(x: torch.Tensor, table: torch.Tensor, scales, resolution, offsets, hashed) -> torch.Tensor:
+    """Pure-torch encoding, differentiable w.r.t. the table through autograd."""
+    n, d = x.shape
+    f = table.shape[1]
+    xc = torch.nan_to_num(x, nan=0.0).clamp(0.0, 1.0)
+    outs = []
+    for level in range(len(resolution)):
+        scale = torch.tensor(float(scales[level]), dtype=torch.float32).to(x.dtype)
+        pos = xc * scale.to(x.device) + 0.5
+        fl = torch.floor(pos)
+        base = fl.long()
+        frac = pos - fl
+        res = int(resolution[level])
+        rows = int(offsets[level + 1] - offsets[level])
+        feat = torch.zeros(n, f, dtype=table.dtype, device=table.device)
+        for corner in range(1 << d):
+            w = torch.ones(n, dtype=x.dtype, device=x.device)
+            g = []
+            for dim in range(d):
+                hi = (corner >> dim) & 1
+                g.append(base[:, dim] + hi)
+                w = w * (frac[:, dim] if hi else 1.0 - frac[:, dim])
+            if bool(hashed[level]):
+                h = torch.zeros_like(g[0])
+                for dim in range(d):
+                    h = h ^ ((g[dim] * PRIMES[dim]) & 0xFFFFFFFF)
+                idx = h % rows
+            else:
+                idx = torch.zeros_like(g[0])
+                stride = 1
+                for dim in range(d):
+                    idx = idx + g[dim] * stride
+                    stride *= res
+            feat = feat + w[:, None] * table[int(offsets[level]) + idx]
+        outs.append(feat)
+    return torch.cat(outs, dim=1)
+
+
+class _HashGridFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, table, scales, resolution, offsets, hashed):
+        mod = _ext.for_tensor(x)
+        out = mod.hash_grid_forward(x, table, offsets, resolution, scales, hashed)
+        ctx.save_for_backward(x)
+        ctx.meta = (scales, resolution, offsets, hashed, table.shape[0], table.shape[1])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        scales, resolution, offsets, hashed, rows, f = ctx.meta
+        mod = _ext.for_tensor(x)
+        grad_table = mod.hash_grid_backward(x, grad_out.contiguous(), rows, f, offsets, resolution, scales, hashed)
+        return None, grad_table, None, None, None, None
+
+
+class HashGrid(nn.Module):
+    """Multi-resolution hash encoding: input in [0, 1]^d (clamped) -> (N, n_levels * n_features_per_level).
+
+    per_level_scale defaults to the value that makes the finest level reach `finest_resolution`
+    (instant-ngp uses 2048 x aabb scale). Parameters start uniform in +-1e-4.
+    """
+
+    def __init__(self, n_input_dims: int = 3, n_levels: int = 16, n_features_per_level: int = 2,
+                 log2_hashmap_size: int = 19, base_resolution: float = 16, per_level_scale: float | None = None,
+                 *, finest_resolution: float = 2048, backend: str = "ext", dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if n_input_dims not in (2, 3):
+            raise ValueError(f"n_input_dims must be 2 or 3, got {n_input_dims}")
+        if not 14 <= log2_hashmap_size <= 24:
+            raise ValueError(f"log2_hashmap_size must be in 14..24, got {log2_hashmap_size}")
+        if not 1 <= n_levels <= 32:
+            raise ValueError(f"n_levels must be in 1..32, got {n_levels}")
+        if n_features_per_level not in (1, 2, 4, 8):
+            raise ValueError(f"n_features_per_level must be 1, 2, 4 or 8, got {n_features_per_level}")
+        _check_backend(backend)
+        if per_level_scale is None:
+            per_level_scale = math.exp(math.log(finest_resolution / base_resolution) / max(n_levels - 1, 1))
+        self.n_input_dims = n_input_dims
+        self.n_levels = n_levels
+        self.n_features_per_level = n_features_per_level
+        self.log2_hashmap_size = log2_hashmap_size
+        self.base_resolution = base_resolution
+        self.per_level_scale = per_level_scale
+        self.backend = backend
+        scales, res, offsets, hashed = level_layout(n_input_dims, n_levels, log2_hashmap_size, base_resolution,
+                                                    per_level_scale)
+        self.register_buffer("scales", scales, persistent=False)
+        self.register_buffer("resolution", res, persistent=False)
+        self.register_buffer("offsets", offsets, persistent=False)
+        self.register_buffer("hashed", hashed, persistent=False)
+        self.params = nn.Parameter(torch.empty(int(offsets[-1]), n_features_per_level, dtype=dtype))
+        self.reset_parameters()
+
+    @property
+    def n_output_dims(self) -> int:
+        return self.n_levels * self.n_features_per_level
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.params.uniform_(-1e-4, 1e-4)
+
+    def forward(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+        backend = backend or self.backend
+        _check_backend(backend)
+        if x.dim() != 2 or x.shape[1] != self.n_input_dims:
+            raise ValueError(f"HashGrid expects (N, {self.n_input_dims}) inputs, got {tuple(x.shape)}")
+        x = x.to(self.params.dtype)
+        meta = (self.scales.cpu(), self.resolution.cpu(), self.offsets.cpu(), self.hashed.cpu())
+        if backend == "reference":
+            return hash_grid_reference(x, self.params, *meta)
+        return _HashGridFn.apply(x.detach().contiguous(), self.params, *meta)
+
+    def extra_repr(self) -> str:
+        return (f"n_input_dims={self.n_input_dims}, n_levels={self.n_levels}, "
+                f"n_features_per_level={self.n_features_per_level}, log2_hashmap_size={self.log2_hashmap_size}, "
+                f"base_resolution={self.base_resolution}, per_level_scale={self.per_level_scale:.5f}")
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in ("ext", "reference"):
+        raise ValueError(f"backend must be 'ext' or 'reference', got {backend!r}")

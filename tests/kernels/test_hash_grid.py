@@ -1,0 +1,118 @@
+import math
+
+import pytest
+import torch
+
+import kernels
+
+
+def assert_close(a, b, rtol=1e-4, atol=1e-6):
+    torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+
+
+def make_grid(d=3, dtype=torch.float32, log2=14, finest=512, features=2, levels=16, init=1.0, seed=0):
+    torch.manual_seed(seed)
+    g = kernels.HashGrid(d, levels, features, log2, 16, finest_resolution=finest, dtype=dtype)
+    with torch.no_grad():
+        g.params.uniform_(-init, init)
+    return g
+
+
+@pytest.mark.parametrize("d", [2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_forward_and_grad_match_reference(cpu_ext, d, dtype):
+    g = make_grid(d, dtype)
+    assert g.hashed.any() and not g.hashed.all(), "test should cover dense and hashed levels"
+    x = torch.rand(3000, d, dtype=dtype)
+    out = g(x)
+    ref = g(x, backend="reference")
+    assert out.shape == (3000, g.n_output_dims)
+    assert_close(out, ref)
+    w = torch.randn_like(out)
+    (ga,) = torch.autograd.grad((out * w).sum(), g.params)
+    (gb,) = torch.autograd.grad((ref * w).sum(), g.params)
+    assert_close(ga, gb, atol=1e-5)
+
+
+def test_gradcheck_small(cpu_ext):
+    g = make_grid(3, torch.float64, levels=4, finest=64, features=2)
+    x = torch.rand(20, 3, dtype=torch.float64)
+    meta = (g.scales, g.resolution, g.offsets, g.hashed)
+    table = g.params.detach().clone().requires_grad_(True)
+    fn = kernels.hash_grid._HashGridFn.apply
+    assert torch.autograd.gradcheck(lambda t: fn(x, t, *meta), (table,), eps=1e-6, atol=1e-6)
+
+
+def test_cell_boundaries_zero_and_one(cpu_ext):
+    g = make_grid(3, levels=8, finest=256)
+    # Points exactly on level-l cell faces: scale*x + 0.5 is an integer.
+    pts = [torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.5]])]
+    for level in range(g.n_levels):
+        s = float(g.scales[level])
+        k = torch.arange(1, int(s)).float()
+        on_face = ((k - 0.5) / s).clamp(0, 1)
+        pts.append(torch.stack([on_face, on_face.flip(0), torch.full_like(on_face, 0.5)], 1))
+    x = torch.cat(pts)
+    assert_close(g(x), g(x, backend="reference"))
+    # floor (not round) makes the corner weights a partition of unity with no negative weight:
+    # a table of ones encodes every point as exactly one, a positive table never goes negative.
+    with torch.no_grad():
+        g.params.fill_(1.0)
+        assert_close(g(x), torch.ones(x.shape[0], g.n_output_dims))
+        g.params.uniform_(0.0, 1.0)
+        assert (g(x) >= 0).all()
+
+
+def test_outside_unit_cube_is_clamped(cpu_ext):
+    g = make_grid(3, levels=4, finest=64)
+    x = torch.tensor([[-0.5, 1.5, 2.0], [float("nan"), 0.5, 0.5]])
+    clamped = torch.tensor([[0.0, 1.0, 1.0], [0.0, 0.5, 0.5]])
+    assert_close(g(x), g(clamped))
+    assert_close(g(x, backend="reference"), g(clamped))
+
+
+def test_encoding_is_continuous_across_faces(cpu_ext):
+    g = make_grid(3, levels=6, finest=128)
+    s = float(g.scales[3])
+    face = (5 - 0.5) / s
+    eps = 1e-5
+    a = g(torch.tensor([[face - eps, 0.3, 0.7]]))
+    b = g(torch.tensor([[face + eps, 0.3, 0.7]]))
+    assert (a - b).abs().max() < 1e-2
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_backward_scatter_same_with_one_and_two_threads(cpu_ext, d):
+    g = make_grid(d, log2=14, finest=2048)
+    x = torch.rand(20000, d)  # many collisions in the hashed levels
+    w = torch.randn(20000, g.n_output_dims)
+    grads = []
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        (gr,) = torch.autograd.grad((g(x) * w).sum(), g.params)
+        grads.append(gr)
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_layout_and_defaults():
+    g = kernels.HashGrid(3, 16, 2, 19, 16, finest_resolution=2048)
+    assert g.n_output_dims == 32
+    assert math.isclose(16 * g.per_level_scale**15, 2048, rel_tol=1e-9)
+    rows = g.offsets[1:] - g.offsets[:-1]
+    assert (rows <= 2**19).all()
+    assert (rows[g.hashed] == 2**19).all()
+    assert (g.resolution[~g.hashed] ** 3 <= rows[~g.hashed]).all()
+    assert g.params.abs().max() <= 1e-4 and g.params.abs().max() > 0
+
+
+@pytest.mark.parametrize("kwargs", [dict(n_input_dims=4), dict(log2_hashmap_size=13), dict(log2_hashmap_size=25),
+                                    dict(n_features_per_level=3), dict(backend="cuda-magic")])
+def test_bad_arguments(kwargs):
+    with pytest.raises(ValueError):
+        kernels.HashGrid(**{"log2_hashmap_size": 14, **kwargs})
+
+
+def test_wrong_input_shape():
+    g = kernels.HashGrid(3, log2_hashmap_size=14)
+    with pytest.raises(ValueError):
+        g(torch.rand(10, 2))
