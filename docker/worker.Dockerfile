@@ -53,9 +53,9 @@ COPY worker ./worker
 COPY kernels ./kernels
 COPY docker/bin/ /usr/local/bin/
 
-# Compile the extensions now, as the runtime user, into KERNELS_BUILD_DIR. Compose mounts a
-# named volume there: Docker seeds an empty named volume from the image, so the first start
-# reuses this build, and a later change of kernel sources is rebuilt once and kept.
+# Compile the extensions now, as the runtime user, into KERNELS_BUILD_DIR (no GPU is needed to
+# compile, only nvcc and TORCH_CUDA_ARCH_LIST). Every container of this image starts with them
+# built; their module names hash the sources, so a build always matches the code beside it.
 USER app
 RUN python -m kernels.build
 

@@ -94,6 +94,19 @@ def test_topology(path):
         assert svc["depends_on"]["redis"]["condition"] == "service_healthy"
 
 
+def test_kernel_builds_come_from_the_image():
+    """No volume over KERNELS_BUILD_DIR: it would keep an old build over a new image's (docs/deploy.md)."""
+    for path in (GPU_FILE, CPU_FILE):
+        services = load_compose(path, env={})["services"]
+        for name in WORKERS:
+            build_dir = environment_of(services[name])["KERNELS_BUILD_DIR"]
+            targets = [str(v).split(":")[1] for v in services[name]["volumes"]]
+            assert not any(build_dir == t or build_dir.startswith(t.rstrip("/") + "/") for t in targets), name
+    # ...and the image builds into the same directory that compose names.
+    assert "KERNELS_BUILD_DIR=/opt/kernels-build" in (REPO / "docker" / "worker.Dockerfile").read_text()
+    assert build_dir == "/opt/kernels-build"
+
+
 def test_every_setting_reaches_every_service():
     """A setting added to service/settings.py must be forwarded by compose, or containers can't set it."""
     from service.settings import Settings
