@@ -4,7 +4,8 @@ The translation is the one a container would see, moved onto this machine:
 - the image's WORKDIR (/app) is the repository root, and docker/bin/ (copied to /usr/local/bin
   in the images) comes first on PATH, then this interpreter's bin (the images' venv);
 - a named volume `name:/path` is a folder `<tmp>/volumes/name`, and any environment value under
-  `/path` is moved there;
+  `/path` is moved there; any other absolute path in an environment value is a path in the
+  container's own file system, so it becomes `<tmp>/rootfs/<path>` (never this machine's /opt);
 - `<service>:<container port>` in environment values (e.g. redis://redis:6379/0) and
   `127.0.0.1:<own port>` in healthchecks point at the free local port that stands for it;
 - a bare environment key forwards this process's value when set, else leaves it unset, as
@@ -231,7 +232,11 @@ class LocalTopology:
         for key, value in environment_of(svc).items():
             if value is None:
                 continue  # bare key: forwarded from base_env when present there
-            env[key] = self._localise(value, volumes, own)
+            local = self._localise(value, volumes, own)
+            if local == value and value.startswith("/") and not value.startswith(IMAGE_WORKDIR):
+                local = str(self.scratch / "rootfs" / value.lstrip("/"))
+                Path(local).mkdir(parents=True, exist_ok=True)
+            env[key] = local
         bindirs = [str(REPO / "docker" / "bin"), str(Path(sys.executable).parent)]
         env["PATH"] = os.pathsep.join(bindirs + [env.get("PATH", "")])
         env["PYTHONUNBUFFERED"] = "1"
