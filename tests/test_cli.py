@@ -84,6 +84,23 @@ def test_render_matches_the_api(fs_stack, trained, tmp_path):
     assert got.std() > 10  # a picture, not a blank frame
 
 
+def test_camera_requests_pass_validation(fs_stack, trained, tmp_path):
+    """--look-at and --orbit build requests the API accepts; the image kind then says no camera."""
+    job_id, _ = trained
+    out = tmp_path / "view.png"
+    r = nf("render", job_id, "--look-at", "4,0,2", "0,0,0", "--fov", "40", "--output", "depth",
+           "--out", str(out), url=fs_stack.base_url)
+    assert r.returncode == 1 and "HTTP 422: image jobs are 2D fields" in r.stderr, r.stderr
+    assert not out.exists()
+    bad = nf("render", job_id, "--look-at", "1,1,1", "1,1,1", "--out", str(out), url=fs_stack.base_url)
+    assert bad.returncode == 1 and "HTTP 422" in bad.stderr and "same point" in bad.stderr, bad.stderr
+    anim = tmp_path / "orbit.webp"
+    p = nf("path", job_id, "--orbit", "4,30,4", "--out", str(anim), url=fs_stack.base_url)
+    # a valid path request: refused by the kind, not by request validation
+    assert p.returncode == 1 and "HTTP 422: image jobs do not support" in p.stderr, p.stderr
+    assert not anim.exists()
+
+
 def test_cancel_and_wait_reports_it(fs_stack, photo):
     sub = nf("submit", str(photo), "--config", '{"steps": 200000, "resolution": 32}', url=fs_stack.base_url)
     assert sub.returncode == 0, sub.stderr
