@@ -19,6 +19,8 @@ from datetime import datetime, timezone
 import pytest
 from PIL import Image
 
+from api_schemas.render import PathRequest, RenderRequest
+
 from tests.test_web import ARTIFACTS, CHROMIUM, FLAGS, sync_api  # noqa: F401  (skips like test_web)
 
 JOB_ID = str(uuid.uuid4())
@@ -170,6 +172,11 @@ def test_orbit_viewer_requests(viewer_page):
     assert orbit["radius"] == pytest.approx(dist(eye_of(zoomed), CENTER))
     assert paths[0]["format"] == "webp"
     page.wait_for_selector(".animation a[download$='.webp']")
+
+    # Every request the page made is one the real API accepts.
+    for body in renders:
+        RenderRequest.model_validate({k: v for k, v in body.items() if k != "t"})
+    PathRequest.model_validate(paths[0])
 
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "web_orbit_viewer.png"), full_page=True)
