@@ -6,9 +6,12 @@ See docs/kernels.md for signatures and a training-step example.
 from ._ext import KernelBuildError
 from .composite import composite, composite_reference, ray_offsets, render_weights_reference
 from .hash_grid import HashGrid, hash_grid_reference
+from .marching import PackedSamples, march_reference, march_rays
+from .occupancy import OccupancyGrid, bitfield_reference, morton3d, morton3d_invert
 from .sh import sh_encode, sh_reference
 
 __all__ = [
     "HashGrid", "hash_grid_reference", "sh_encode", "sh_reference", "composite", "composite_reference",
-    "render_weights_reference", "ray_offsets", "KernelBuildError",
+    "render_weights_reference", "ray_offsets", "KernelBuildError", "OccupancyGrid", "bitfield_reference",
+    "morton3d", "morton3d_invert", "march_rays", "march_reference", "PackedSamples",
 ]

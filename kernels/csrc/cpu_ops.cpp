@@ -209,6 +209,147 @@ std::vector<at::Tensor> composite_backward(at::Tensor sigmas, at::Tensor rgbs, a
     return {grad_sigma, grad_rgb};
 }
 
+// ---- occupancy grid ---------------------------------------------------------------------------
+
+struct BitLayout {
+    int n_mips;
+    uint32_t offset[kn::OCC_MAX_MIPS + 1];  // byte offsets of each mip inside one cascade
+};
+
+BitLayout bit_layout(int64_t res) {
+    TORCH_CHECK(res >= 2 && res <= 1024 && (res & (res - 1)) == 0, "occupancy grid: resolution must be a power of two in 2..1024");
+    BitLayout b{};
+    b.n_mips = 0;
+    while ((res >> b.n_mips) >= 1) ++b.n_mips;
+    b.offset[0] = 0;
+    for (int m = 0; m < b.n_mips; ++m) b.offset[m + 1] = b.offset[m] + std::max<uint32_t>(1, kn::mip_cells((uint32_t)res, m) / 8);
+    return b;
+}
+
+at::Tensor occ_bitfield(at::Tensor density, double thresh) {
+    check_cpu_contig(density, "density");
+    TORCH_CHECK(density.scalar_type() == at::kFloat && density.dim() == 2, "occupancy grid: density must be float32 (C, R^3)");
+    const int64_t C = density.size(0), cells = density.size(1);
+    int64_t res = (int64_t)std::llround(std::cbrt((double)cells));
+    TORCH_CHECK(res * res * res == cells, "occupancy grid: density rows must hold R^3 cells");
+    const BitLayout b = bit_layout(res);
+    const uint32_t per = b.offset[b.n_mips];
+    auto bits = at::zeros({C, (int64_t)per}, density.options().dtype(at::kByte));
+    uint8_t* out = bits.data_ptr<uint8_t>();
+    const float* dens = density.data_ptr<float>();
+    const float th = (float)thresh;
+    const int nt = n_threads();
+    for (int64_t c = 0; c < C; ++c) {
+        uint8_t* level0 = out + c * per;
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t j = 0; j < cells / 8; ++j) level0[j] = kn::threshold_byte(dens + c * cells, (uint32_t)j, th);
+        if (c > 0) {
+            // The finer cascade's occupancy, pooled, is ORed into this cascade's centre so that a
+            // coarse mip never claims emptiness the finer cascade contradicts.
+            const uint8_t* prev = out + (c - 1) * per;
+            for (int64_t i = 0; i < cells / 8; ++i)
+                if (prev[i]) {
+                    const uint32_t code = kn::pooled_cell_in_next_cascade((uint32_t)i, (uint32_t)res);
+                    level0[code >> 3] |= (uint8_t)(1u << (code & 7u));
+                }
+        }
+        for (int m = 1; m < b.n_mips; ++m) {
+            const uint8_t* src = out + c * per + b.offset[m - 1];
+            uint8_t* dst = out + c * per + b.offset[m];
+            const uint32_t n = kn::mip_cells((uint32_t)res, m);
+            for (uint32_t j = 0; j < n; ++j)
+                if (src[j]) dst[j >> 3] |= (uint8_t)(1u << (j & 7u));
+        }
+    }
+    return bits;
+}
+
+kn::GridView make_view(const at::Tensor& bits, int64_t res, const std::vector<double>& center, const std::vector<double>& half) {
+    kn::GridView g{};
+    const BitLayout b = bit_layout(res);
+    g.bits = bits.data_ptr<uint8_t>();
+    g.n_cascades = (int)bits.size(0);
+    g.res = (uint32_t)res;
+    g.n_mips = b.n_mips;
+    g.bytes_per_cascade = b.offset[b.n_mips];
+    TORCH_CHECK(bits.size(1) == (int64_t)g.bytes_per_cascade, "occupancy grid: bitfield size does not match resolution");
+    for (int m = 0; m < b.n_mips; ++m) g.mip_byte_offset[m] = b.offset[m];
+    for (int k = 0; k < 3; ++k) {
+        g.center[k] = (float)center[k];
+        g.half[k] = (float)half[k];
+    }
+    return g;
+}
+
+at::Tensor occ_query(at::Tensor points, at::Tensor bits, int64_t res, std::vector<double> center, std::vector<double> half) {
+    check_cpu_contig(points, "points");
+    check_cpu_contig(bits, "bitfield");
+    TORCH_CHECK(points.scalar_type() == at::kFloat && points.dim() == 2 && points.size(1) == 3, "points must be float32 (N, 3)");
+    const kn::GridView g = make_view(bits, res, center, half);
+    const int64_t n = points.size(0);
+    auto out = at::empty({n}, points.options().dtype(at::kBool));
+    const float* p = points.data_ptr<float>();
+    bool* o = out.data_ptr<bool>();
+#pragma omp parallel for schedule(static) num_threads(n_threads())
+    for (int64_t i = 0; i < n; ++i) {
+        int c;
+        uint32_t ijk[3];
+        o[i] = kn::locate_cell(g, p + 3 * i, &c, ijk) && kn::occupied_at(g, c, 0, ijk);
+    }
+    return out;
+}
+
+// ---- ray marching -----------------------------------------------------------------------------
+
+std::vector<at::Tensor> march_rays(at::Tensor rays_o, at::Tensor rays_d, at::Tensor near, at::Tensor far,
+                                   at::Tensor jitter, std::vector<double> aabb, double step, double cone,
+                                   double max_step, int64_t max_samples, c10::optional<at::Tensor> bits, int64_t res,
+                                   std::vector<double> center, std::vector<double> half) {
+    for (auto* t : {&rays_o, &rays_d, &near, &far, &jitter}) {
+        check_cpu_contig(*t, "ray tensor");
+        TORCH_CHECK(t->scalar_type() == at::kFloat, "march_rays: ray tensors must be float32");
+    }
+    const int64_t n = rays_o.size(0);
+    TORCH_CHECK(aabb.size() == 6, "march_rays: aabb has 6 numbers");
+    kn::MarchParams p{};
+    for (int k = 0; k < 3; ++k) {
+        p.aabb_min[k] = (float)aabb[k];
+        p.aabb_max[k] = (float)aabb[k + 3];
+    }
+    p.step = (float)step;
+    p.cone = (float)cone;
+    p.max_step = (float)max_step;
+    p.max_samples = (int)max_samples;
+    kn::GridView g{};
+    p.use_grid = bits.has_value() ? 1 : 0;
+    if (p.use_grid) {
+        check_cpu_contig(*bits, "bitfield");
+        g = make_view(*bits, res, center, half);
+    }
+    const float *o = rays_o.data_ptr<float>(), *d = rays_d.data_ptr<float>();
+    const float *tn = near.data_ptr<float>(), *tf = far.data_ptr<float>(), *u = jitter.data_ptr<float>();
+    auto counts = at::empty({n}, rays_o.options().dtype(at::kLong));
+    int64_t* cnt = counts.data_ptr<int64_t>();
+    const int nt = n_threads();
+#pragma omp parallel for schedule(dynamic, 64) num_threads(nt)
+    for (int64_t i = 0; i < n; ++i) cnt[i] = kn::march_ray(o + 3 * i, d + 3 * i, tn[i], tf[i], u[i], p, g, nullptr, nullptr);
+    auto offsets = at::zeros({n + 1}, counts.options());
+    int64_t* off = offsets.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) off[i + 1] = off[i] + cnt[i];
+    const int64_t total = off[n];
+    auto t0 = at::empty({total}, rays_o.options());
+    auto t1 = at::empty({total}, rays_o.options());
+    auto ray_indices = at::empty({total}, counts.options());
+    float *a = t0.data_ptr<float>(), *b = t1.data_ptr<float>();
+    int64_t* ri = ray_indices.data_ptr<int64_t>();
+#pragma omp parallel for schedule(dynamic, 64) num_threads(nt)
+    for (int64_t i = 0; i < n; ++i) {
+        kn::march_ray(o + 3 * i, d + 3 * i, tn[i], tf[i], u[i], p, g, a + off[i], b + off[i]);
+        for (int64_t k = off[i]; k < off[i + 1]; ++k) ri[k] = i;
+    }
+    return {ray_indices, t0, t1, offsets, counts};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -217,4 +358,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("sh_encode", &sh_encode);
     m.def("composite_forward", &composite_forward);
     m.def("composite_backward", &composite_backward);
+    m.def("occ_bitfield", &occ_bitfield);
+    m.def("occ_query", &occ_query);
+    m.def("march_rays", &march_rays);
 }
