@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
 import time
 
 from api_schemas.jobs import Progress
 from service.store import JobStore
 
+log = logging.getLogger(__name__)
+
 
 class ProgressReporter:
     """Call `report` every step; it writes at most every `interval_s` (and always on the last
-    step), which keeps the promise of a progress write at least once a second."""
+    step). While running as a context manager, a heartbeat thread re-writes the latest progress
+    (fresh elapsed/eta) whenever a step takes longer than the interval, so the promise of a
+    progress write at least once a second holds through slow steps too."""
 
     def __init__(self, store: JobStore, job_id: str, interval_s: float = 0.5, start_step: int = 0):
         self.store = store
@@ -20,6 +26,9 @@ class ProgressReporter:
         self.t0 = time.monotonic()
         self.start_step = start_step
         self._last_write = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self.last: Progress | None = None
 
     @staticmethod
@@ -29,16 +38,50 @@ class ProgressReporter:
         x = float(x)
         return x if math.isfinite(x) else None
 
+    def _progress(self, step: int, total_steps: int, loss, psnr, now: float) -> Progress:
+        elapsed = now - self.t0
+        done = step - self.start_step
+        eta = elapsed / done * (total_steps - step) if done > 0 else None
+        return Progress(step=step, total_steps=total_steps, loss=self._clean(loss), psnr=self._clean(psnr),
+                        elapsed_s=round(elapsed, 3), eta_s=None if eta is None else round(eta, 3))
+
+    def _write(self, progress: Progress, now: float) -> None:
+        self.store.set_progress(self.job_id, progress)
+        self.last = progress
+        self._last_write = now
+
     def report(self, step: int, total_steps: int, loss: float | None = None, psnr: float | None = None,
                force: bool = False) -> bool:
         now = time.monotonic()
         if not force and step < total_steps and now - self._last_write < self.interval_s:
             return False
-        elapsed = now - self.t0
-        done = step - self.start_step
-        eta = elapsed / done * (total_steps - step) if done > 0 else None
-        self.last = Progress(step=step, total_steps=total_steps, loss=self._clean(loss), psnr=self._clean(psnr),
-                             elapsed_s=round(elapsed, 3), eta_s=None if eta is None else round(eta, 3))
-        self.store.set_progress(self.job_id, self.last)
-        self._last_write = now
+        with self._lock:
+            self._write(self._progress(step, total_steps, loss, psnr, now), now)
         return True
+
+    # -- heartbeat ---------------------------------------------------------------------
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval_s / 2):
+            now = time.monotonic()
+            if self.last is None or now - self._last_write < self.interval_s:
+                continue
+            with self._lock:
+                p = self.last
+                if p is None or time.monotonic() - self._last_write < self.interval_s:
+                    continue
+                try:
+                    self._write(self._progress(p.step, p.total_steps, p.loss, p.psnr, now), now)
+                except Exception:  # the job folder may be going away; the task decides
+                    log.debug("progress heartbeat write failed", exc_info=True)
+
+    def __enter__(self) -> "ProgressReporter":
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, name=f"progress-{self.job_id[:8]}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None

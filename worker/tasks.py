@@ -23,6 +23,17 @@ RENDER_CACHE_SIZE = 4
 limit_torch_threads()
 
 
+def _warm_up() -> None:
+    # The first optimiser built in a process pays ~1.5 s of lazy torch imports; pay it once
+    # here (before the pool forks) instead of inside every job's first step.
+    import torch
+
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=1e-3)
+
+
+_warm_up()
+
+
 def _store() -> JobStore:
     return JobStore(get_storage(get_settings()))
 
@@ -73,7 +84,8 @@ def train(job_id: str) -> None:
                                           interval_s=settings.checkpoint_interval_s),
             device=pick_device(settings.device),
         )
-        metrics = module.train(ctx) or {}
+        with ctx.progress:
+            metrics = module.train(ctx) or {}
     except JobCancelled:
         store.set_status(job_id, JobStatus.cancelled, only_from={JobStatus.running, JobStatus.queued})
         log.info("job %s cancelled", job_id)
