@@ -33,6 +33,9 @@ class Progress(BaseModel):
     psnr: float | None = None
     elapsed_s: float = 0.0
     eta_s: float | None = None
+    # Scene kinds (nerf) also report throughput.
+    rays_per_s: float | None = None
+    samples_per_ray: float | None = None
 
 
 class Job(BaseModel):

@@ -11,6 +11,7 @@ from api_schemas.jobs import Progress
 from service.store import JobStore
 
 log = logging.getLogger(__name__)
+EXTRA_FIELDS = ("rays_per_s", "samples_per_ray")
 
 
 class ProgressReporter:
@@ -38,12 +39,13 @@ class ProgressReporter:
         x = float(x)
         return x if math.isfinite(x) else None
 
-    def _progress(self, step: int, total_steps: int, loss, psnr, now: float) -> Progress:
+    def _progress(self, step: int, total_steps: int, loss, psnr, now: float, extra=None) -> Progress:
         elapsed = now - self.t0
         done = step - self.start_step
         eta = elapsed / done * (total_steps - step) if done > 0 else None
         return Progress(step=step, total_steps=total_steps, loss=self._clean(loss), psnr=self._clean(psnr),
-                        elapsed_s=round(elapsed, 3), eta_s=None if eta is None else round(eta, 3))
+                        elapsed_s=round(elapsed, 3), eta_s=None if eta is None else round(eta, 3),
+                        **{k: self._clean(v) for k, v in (extra or {}).items()})
 
     def _write(self, progress: Progress, now: float) -> None:
         self.store.set_progress(self.job_id, progress)
@@ -51,12 +53,13 @@ class ProgressReporter:
         self._last_write = now
 
     def report(self, step: int, total_steps: int, loss: float | None = None, psnr: float | None = None,
-               force: bool = False) -> bool:
+               force: bool = False, **extra: float | None) -> bool:
+        """`extra`: further Progress fields (rays_per_s, samples_per_ray)."""
         now = time.monotonic()
         if not force and step < total_steps and now - self._last_write < self.interval_s:
             return False
         with self._lock:
-            self._write(self._progress(step, total_steps, loss, psnr, now), now)
+            self._write(self._progress(step, total_steps, loss, psnr, now, extra), now)
         return True
 
     # -- heartbeat ---------------------------------------------------------------------
@@ -70,7 +73,8 @@ class ProgressReporter:
                 if p is None or time.monotonic() - self._last_write < self.interval_s:
                     continue
                 try:
-                    self._write(self._progress(p.step, p.total_steps, p.loss, p.psnr, now), now)
+                    extra = {k: getattr(p, k) for k in EXTRA_FIELDS}
+                    self._write(self._progress(p.step, p.total_steps, p.loss, p.psnr, now, extra), now)
                 except Exception:  # the job folder may be going away; the task decides
                     log.debug("progress heartbeat write failed", exc_info=True)
 
