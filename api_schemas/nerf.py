@@ -1,0 +1,84 @@
+"""Config of a `kind=nerf` job (instant-ngp-style field). Defaults follow issue 5 / instant-ngp."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Unit = Annotated[float, Field(ge=0.0, le=1.0)]
+# A named colour or linear RGB in [0, 1].
+Background = Literal["white", "black"] | tuple[Unit, Unit, Unit]
+
+
+class NerfConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    # Optimisation
+    steps: int = Field(3000, ge=1, le=1_000_000, description="training steps")
+    lr: float = Field(1e-2, gt=0, le=1.0)
+    lr_final_factor: float = Field(0.1, gt=0, le=1.0, description="lr decays exponentially to lr * this at the end")
+    adam_betas: tuple[float, float] = (0.9, 0.99)
+    adam_eps: float = Field(1e-15, gt=0, le=1e-3)
+    weight_decay: float = Field(1e-6, ge=0, le=1.0, description="on MLP weights only (not the hash tables)")
+    samples_per_step: int = Field(65_536, ge=1024, le=1 << 22,
+                                  description="target number of samples per batch; rays per batch adapt to it")
+    max_rays_per_step: int = Field(16_384, ge=64, le=1 << 20)
+    time_limit_s: float | None = Field(None, gt=0, description="stop training early after this long")
+    seed: int = Field(0, ge=0)
+
+    # Hash grid encoding
+    n_levels: int = Field(16, ge=1, le=32)
+    features_per_level: Literal[1, 2, 4, 8] = 2
+    log2_hashmap_size: int = Field(19, ge=10, le=24)
+    base_resolution: int = Field(16, ge=2, le=1024)
+    max_resolution: int = Field(2048, ge=2, le=1 << 16, description="finest level resolution (per unit box)")
+
+    # Networks
+    density_hidden: int = Field(64, ge=8, le=512)
+    density_layers: int = Field(1, ge=1, le=8)
+    geo_features: int = Field(15, ge=1, le=128, description="geometry features passed to the colour MLP")
+    color_hidden: int = Field(64, ge=8, le=512)
+    color_layers: int = Field(2, ge=1, le=8)
+    sh_degree: int = Field(4, ge=1, le=8, description="SH bands of the direction encoding (degree**2 coefficients)")
+
+    # Occupancy grid and ray marching
+    occupancy_resolution: int = Field(128, ge=16, le=512)
+    occupancy_update_every: int = Field(16, ge=1, le=10_000)
+    occupancy_warmup_steps: int = Field(256, ge=0)
+    occupancy_threshold: float = Field(0.01, gt=0)
+    occupancy_decay: float = Field(0.95, gt=0, lt=1)
+    max_samples_per_ray: int = Field(1024, ge=16, le=8192, description="march step = box diagonal / this")
+    cone_angle: float = Field(0.0, ge=0, le=0.1, description="0: constant steps (synthetic); 1/256 for large scenes")
+    aabb_scale: int | None = Field(None, description="override the dataset's box half size (1, 2, 4, ... 128)")
+
+    # Backgrounds: random while training (RGBA data), fixed for evaluation and rendering.
+    train_background: Literal["random", "white", "black"] = "random"
+    background: Background = "white"
+
+    # Bookkeeping
+    checkpoint_every: int = Field(500, ge=1, le=1_000_000)
+    n_test_renders: int = Field(4, ge=0, le=64, description="test-split renders kept as artifacts")
+    backend: Literal["ext", "reference"] = "ext"
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError("adam betas must lie in [0, 1)")
+        return v
+
+    @field_validator("aabb_scale")
+    @classmethod
+    def _pow2(cls, v: int | None) -> int | None:
+        if v is not None and (v < 1 or v > 128 or v & (v - 1)):
+            raise ValueError("aabb_scale must be a power of two between 1 and 128")
+        return v
+
+    @field_validator("max_resolution")
+    @classmethod
+    def _max_res(cls, v: int, info) -> int:
+        base = info.data.get("base_resolution")
+        if base is not None and v < base:
+            raise ValueError("max_resolution must be at least base_resolution")
+        return v

@@ -1,0 +1,230 @@
+"""Safe extraction of uploaded .zip / .tar / .tar.gz archives into a job folder.
+
+Runs in the API process (no torch). Every archive is treated as hostile: names are checked
+before anything is written, only regular files and folders are created, and the size limits
+are checked twice: once from the headers (cheap, rejects honest-but-too-big archives before
+any work) and again while streaming (headers can lie, so the bytes actually written count).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tarfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
+
+from service.intake import IntakeError
+
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ArchiveLimits:
+    max_entries: int = 10_000
+    max_total_bytes: int = 2 * 1024**3
+    # Per entry and for the archive as a whole; real photos compress ~1-3x, zip bombs 1000x.
+    max_ratio: float = 200.0
+    # Small entries (JSON, text) may compress very well without being a threat.
+    ratio_grace_bytes: int = 1 << 20
+
+
+def limits_from_settings(settings) -> ArchiveLimits:
+    """Settings may override the defaults (MAX_ARCHIVE_ENTRIES, MAX_EXTRACTED_MB, MAX_COMPRESSION_RATIO)."""
+    d = ArchiveLimits()
+    mb = getattr(settings, "max_extracted_mb", None)
+    return ArchiveLimits(
+        max_entries=int(getattr(settings, "max_archive_entries", None) or d.max_entries),
+        max_total_bytes=int(mb * 1024 * 1024) if mb else d.max_total_bytes,
+        max_ratio=float(getattr(settings, "max_compression_ratio", None) or d.max_ratio),
+    )
+
+
+def detect_kind(path: Path) -> str | None:
+    """'zip', 'tar' or None, from the content (the client's file name is not trusted)."""
+    with open(path, "rb") as fh:
+        head = fh.read(512)
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
+        return "zip"
+    if head.startswith(b"\x1f\x8b") or head.startswith(b"BZh") or head.startswith(b"\xfd7zXZ"):
+        return "tar"  # compressed; tarfile finds out whether a tar is inside
+    if len(head) >= 262 and head[257:262] == b"ustar":
+        return "tar"
+    return None
+
+
+def safe_member_path(name: str) -> PurePosixPath | None:
+    """The relative path an entry may be written to, None for an entry that names the root.
+
+    Raises IntakeError for absolute paths, drive letters, `..` and other escapes. Backslashes are
+    treated as separators because Windows tools write them and a later join could honour them.
+    """
+    raw = name.replace("\\", "/")
+    if raw.startswith("/") or (len(raw) >= 2 and raw[1] == ":"):
+        raise IntakeError(400, f"archive entry {name!r} has an absolute path")
+    if "\x00" in raw:
+        raise IntakeError(400, f"archive entry {name!r} has a NUL byte in its name")
+    parts = [p for p in raw.split("/") if p not in ("", ".")]
+    if any(p == ".." for p in parts):
+        raise IntakeError(400, f"archive entry {name!r} points outside the archive ('..')")
+    if not parts:
+        return None
+    return PurePosixPath(*parts)
+
+
+class _Budget:
+    """Counts what is really written, so lying headers cannot exceed the limits."""
+
+    def __init__(self, limits: ArchiveLimits, archive_bytes: int):
+        self.limits = limits
+        self.archive_bytes = max(archive_bytes, 1)
+        self.entries = 0
+        self.written = 0
+
+    def entry(self) -> None:
+        self.entries += 1
+        if self.entries > self.limits.max_entries:
+            raise IntakeError(413, f"archive has more than {self.limits.max_entries} entries")
+
+    def declare(self, total: int) -> None:
+        if total > self.limits.max_total_bytes:
+            raise IntakeError(413, f"archive would extract to {total} bytes, over the limit of "
+                                   f"{self.limits.max_total_bytes}")
+
+    def add(self, n: int) -> None:
+        self.written += n
+        self.declare(self.written)
+        if (self.written > self.limits.ratio_grace_bytes
+                and self.written / self.archive_bytes > self.limits.max_ratio):
+            raise IntakeError(413, f"archive expands more than {self.limits.max_ratio:g}x "
+                                   "(looks like a zip bomb)")
+
+
+def _check_ratio(name: str, size: int, compressed: int, limits: ArchiveLimits) -> None:
+    if size > limits.ratio_grace_bytes and size / max(compressed, 1) > limits.max_ratio:
+        raise IntakeError(413, f"archive entry {name!r} expands {size / max(compressed, 1):.0f}x, over the "
+                               f"limit of {limits.max_ratio:g}x (looks like a zip bomb)")
+
+
+def _copy_stream(src: BinaryIO, target: Path, budget: _Budget, declared: int, name: str) -> None:
+    written = 0
+    # O_EXCL: never follow or overwrite something already there (e.g. a duplicate entry).
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "wb") as out:
+        while True:
+            chunk = src.read(CHUNK)
+            if not chunk:
+                break
+            written += len(chunk)
+            if written > declared:
+                raise IntakeError(400, f"archive entry {name!r} is larger than its header says")
+            budget.add(len(chunk))
+            out.write(chunk)
+    if written != declared:
+        raise IntakeError(400, f"archive entry {name!r} is shorter than its header says (truncated archive?)")
+
+
+def _prepare(dest: Path, rel: PurePosixPath, name: str, is_dir: bool) -> Path:
+    target = dest.joinpath(*rel.parts)
+    # Belt and braces: nothing we create is a link, but check the resolved parent anyway.
+    parent = target if is_dir else target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    if not parent.resolve().is_relative_to(dest.resolve()):
+        raise IntakeError(400, f"archive entry {name!r} points outside the archive")
+    if not is_dir and (target.exists() or target.is_symlink()):
+        raise IntakeError(400, f"archive has the entry {name!r} twice")
+    return target
+
+
+def _extract_zip(src: Path, dest: Path, limits: ArchiveLimits) -> list[PurePosixPath]:
+    try:
+        zf = zipfile.ZipFile(src)
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise IntakeError(400, f"not a readable zip archive: {exc}") from None
+    budget = _Budget(limits, src.stat().st_size)
+    out: list[PurePosixPath] = []
+    with zf:
+        infos = zf.infolist()
+        if len(infos) > limits.max_entries:
+            raise IntakeError(413, f"archive has {len(infos)} entries, over the limit of {limits.max_entries}")
+        budget.declare(sum(i.file_size for i in infos))
+        plan = []
+        for info in infos:
+            rel = safe_member_path(info.filename)
+            mode = info.external_attr >> 16
+            if stat.S_ISLNK(mode):
+                raise IntakeError(400, f"archive entry {info.filename!r} is a symbolic link")
+            if mode and stat.S_IFMT(mode) and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise IntakeError(400, f"archive entry {info.filename!r} is a special file")
+            if info.flag_bits & 0x1:
+                raise IntakeError(400, f"archive entry {info.filename!r} is encrypted")
+            if not info.is_dir():
+                _check_ratio(info.filename, info.file_size, info.compress_size, limits)
+            plan.append((info, rel))
+        for info, rel in plan:
+            budget.entry()
+            if rel is None:
+                continue
+            target = _prepare(dest, rel, info.filename, info.is_dir())
+            if info.is_dir():
+                continue
+            try:
+                with zf.open(info) as fh:
+                    _copy_stream(fh, target, budget, info.file_size, info.filename)
+            except IntakeError:
+                raise
+            except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
+                raise IntakeError(400, f"archive entry {info.filename!r} is corrupt: {exc}") from None
+            out.append(rel)
+    return out
+
+
+def _extract_tar(src: Path, dest: Path, limits: ArchiveLimits) -> list[PurePosixPath]:
+    budget = _Budget(limits, src.stat().st_size)
+    out: list[PurePosixPath] = []
+    try:
+        # Streaming mode ("r|*"): headers are read one at a time, so a huge member count or a
+        # compressed bomb is stopped by the budget instead of being indexed first.
+        with tarfile.open(src, mode="r|*") as tf:
+            for member in tf:
+                budget.entry()
+                rel = safe_member_path(member.name)
+                if member.issym() or member.islnk():
+                    raise IntakeError(400, f"archive entry {member.name!r} is a "
+                                           f"{'symbolic' if member.issym() else 'hard'} link")
+                if not (member.isreg() or member.isdir()):
+                    raise IntakeError(400, f"archive entry {member.name!r} is a special file (device, fifo)")
+                if member.isreg():
+                    budget.declare(budget.written + member.size)
+                if rel is None:
+                    continue
+                target = _prepare(dest, rel, member.name, member.isdir())
+                if member.isdir():
+                    continue
+                fh = tf.extractfile(member)
+                _copy_stream(fh, target, budget, member.size, member.name)
+                out.append(rel)
+    except IntakeError:
+        raise
+    except (tarfile.TarError, OSError, EOFError, ValueError) as exc:
+        raise IntakeError(400, f"not a readable tar archive: {exc}") from None
+    return out
+
+
+def extract_archive(src: Path, dest: Path, limits: ArchiveLimits | None = None) -> list[PurePosixPath]:
+    """Extract `src` into the (new or empty) folder `dest`; returns the files written, relative to it.
+
+    On error the caller should remove `dest`: a partial extraction is left there, but nothing is ever
+    written outside it.
+    """
+    src, dest = Path(src), Path(dest)
+    limits = limits or ArchiveLimits()
+    dest.mkdir(parents=True, exist_ok=True)
+    kind = detect_kind(src)
+    if kind == "zip":
+        return _extract_zip(src, dest, limits)
+    if kind == "tar":
+        return _extract_tar(src, dest, limits)
+    raise IntakeError(415, "the upload is not a .zip or .tar(.gz) archive")
