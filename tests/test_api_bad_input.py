@@ -178,3 +178,19 @@ def test_client_disconnect_mid_upload_leaves_nothing(api):
     while api.job_dirs() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert api.job_dirs() == [] and _queued_messages(api) == []
+
+
+def test_jpeg_is_accepted_and_a_job_can_be_deleted_once_finished(api):
+    r = api.submit(jpeg_bytes(), filename="photo.jpg", config={"steps": 10})
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["dataset"]["format"] == "JPEG" and job["config"]["steps"] == 10
+    assert (api.job_dir(job["id"]) / "dataset" / "image.jpg").is_file()
+    assert not (api.job_dir(job["id"]) / "upload").exists()
+    assert api.client.delete(f"/v1/jobs/{job['id']}").status_code == 409  # still queued
+    api.client.post(f"/v1/jobs/{job['id']}/cancel")
+    assert api.client.delete(f"/v1/jobs/{job['id']}").status_code == 204
+    assert api.client.get(f"/v1/jobs/{job['id']}").status_code == 404
+    assert api.job_dirs() == []
+    for m in _queued_messages(api):
+        m.unlink()

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from tests.conftest import png_bytes
 
 LONG = {"steps": 100_000, "resolution": 16}
@@ -28,8 +30,9 @@ def test_list_is_newest_first_and_paginated(stack_factory):
     assert stack.client.get("/v1/jobs", params={"limit": 0}).status_code == 422
 
 
-def test_cancel_queued_then_running(stack_factory):
-    stack = stack_factory(queues=None)
+@pytest.mark.parametrize("broker", ["filesystem", "redis"])
+def test_cancel_queued_then_running(stack_factory, broker):
+    stack = stack_factory(queues=None, redis_db=11 if broker == "redis" else None)
     queued = stack.submit(png_bytes(16, 16), config={"steps": 50, "resolution": 16}).json()["id"]
     r = stack.client.post(f"/v1/jobs/{queued}/cancel")
     assert r.status_code == 200 and r.json()["status"] == "cancelled"

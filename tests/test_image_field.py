@@ -52,3 +52,24 @@ def test_fourier_beats_no_encoding_on_real_photos():
     print(format_table(rows, 32, 300))
     for r in rows:
         assert r["gap"] >= 8.0, format_table(rows, 32, 300)
+
+
+def test_load_target_orientation_alpha_and_size(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from worker.jobs.image import load_target
+
+    # Transparent left half over white; opaque red right half; 40x20 -> trained at 16x8.
+    rgba = np.zeros((20, 40, 4), dtype=np.uint8)
+    rgba[:, 20:] = (255, 0, 0, 255)
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "a.png")
+    t = load_target(tmp_path / "a.png", 16)
+    assert t.shape == (8, 16, 3)
+    assert np.allclose(t[:, :6], 1.0, atol=0.02) and np.allclose(t[:, 10:], [1.0, 0.0, 0.0], atol=0.02)
+
+    # EXIF orientation 6 (rotate 90° clockwise when shown): a 40x20 file is a 20x40 photo.
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(rgba[..., :3]).save(tmp_path / "r.jpg", exif=exif.tobytes())
+    assert load_target(tmp_path / "r.jpg", 16).shape == (16, 8, 3)

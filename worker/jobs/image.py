@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
+from PIL import Image, ImageOps
 from torch import nn
 
 from worker.jobs import RenderError, pick_device
@@ -87,7 +87,13 @@ def training_size(width: int, height: int, resolution: int) -> tuple[int, int]:
 def load_target(path: Path, resolution: int) -> np.ndarray:
     """The photo as float32 (H, W, 3) in [0, 1], longest side = resolution."""
     with Image.open(path) as im:
-        im = im.convert("RGB")
+        im = ImageOps.exif_transpose(im)  # phone photos store rotation in EXIF
+        if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+            rgba = im.convert("RGBA")
+            im = Image.new("RGB", rgba.size, (255, 255, 255))
+            im.paste(rgba, mask=rgba.getchannel("A"))  # transparent areas train as white
+        else:
+            im = im.convert("RGB")
         w, h = training_size(im.width, im.height, resolution)
         im = im.resize((w, h), Image.Resampling.LANCZOS)
         return np.asarray(im, dtype=np.float32) / 255.0
