@@ -1,0 +1,244 @@
+"""Camera math for the NeRF worker (torch).
+
+Conventions (docs/architecture.md): c2w is camera-to-world, OpenGL axes (x right, y up, the camera
+looks down -z); pixel (i, j) has its centre at (i + 0.5, j + 0.5), j counting rows from the top;
+distortion is OpenCV's (k1, k2, k3, p1, p2) on normalised coordinates with y pointing down.
+Poses in requests are in the dataset's world frame; `normalize_pose` maps them into the frame the
+field was trained in, with the `normalization` stored in dataset/cameras.json.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+Tensorish = torch.Tensor | Sequence[float] | Sequence[Sequence[float]]
+DISTORTION_KEYS = ("k1", "k2", "k3", "p1", "p2")
+
+
+def _t(x: Tensorish, dtype=torch.float64) -> torch.Tensor:
+    return torch.as_tensor(x, dtype=dtype)
+
+
+# --------------------------------------------------------------------------- poses
+
+def look_at(eye: Tensorish, target: Tensorish, up: Tensorish = (0.0, 0.0, 1.0)) -> torch.Tensor:
+    """c2w (4x4 float64) for a camera at `eye` looking at `target`, image-up as close to `up` as possible."""
+    eye, target, up = _t(eye), _t(target), _t(up)
+    fwd = target - eye
+    if fwd.norm() < 1e-12:
+        raise ValueError("eye and target are the same point")
+    fwd = fwd / fwd.norm()
+    right = torch.linalg.cross(fwd, up)
+    if right.norm() < 1e-9 * max(float(up.norm()), 1e-300):
+        raise ValueError("up is parallel to the viewing direction")
+    right = right / right.norm()
+    cam_up = torch.linalg.cross(right, fwd)
+    m = torch.eye(4, dtype=torch.float64)
+    m[:3, 0], m[:3, 1], m[:3, 2], m[:3, 3] = right, cam_up, -fwd, eye
+    return m
+
+
+def as_c2w(m: Tensorish) -> torch.Tensor:
+    """4x4 float64 from a 4x4 or 3x4 matrix."""
+    m = _t(m)
+    if m.shape[-2:] == (3, 4):
+        bottom = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=m.dtype).expand(*m.shape[:-2], 1, 4)
+        m = torch.cat([m, bottom], -2)
+    if m.shape[-2:] != (4, 4):
+        raise ValueError(f"expected a 4x4 or 3x4 matrix, got {tuple(m.shape)}")
+    return m
+
+
+def normalize_pose(c2w_world: Tensorish, normalization: dict) -> torch.Tensor:
+    """World-frame pose(s) (..., 4, 4) -> the normalised frame: p_n = (p_w - offset) * scale."""
+    m = as_c2w(c2w_world).clone()
+    off = _t(normalization["offset"])
+    m[..., :3, 3] = (m[..., :3, 3] - off) * float(normalization["scale"])
+    return m
+
+
+def denormalize_pose(c2w_norm: Tensorish, normalization: dict) -> torch.Tensor:
+    m = as_c2w(c2w_norm).clone()
+    off = _t(normalization["offset"])
+    m[..., :3, 3] = m[..., :3, 3] / float(normalization["scale"]) + off
+    return m
+
+
+def normalize_points(p_world: Tensorish, normalization: dict) -> torch.Tensor:
+    return (_t(p_world) - _t(normalization["offset"])) * float(normalization["scale"])
+
+
+def world_distance(d_norm: torch.Tensor, normalization: dict) -> torch.Tensor:
+    """A length measured in the normalised frame (e.g. a rendered depth) in world units."""
+    return d_norm / float(normalization["scale"])
+
+
+def orbit_poses(center: Tensorish, radius: float, elevation_deg: float, n_frames: int,
+                up: Tensorish = (0.0, 0.0, 1.0), start_azimuth_deg: float = 0.0) -> torch.Tensor:
+    """(n, 4, 4) cameras evenly spaced in azimuth on a circle around `center`, looking at it."""
+    c, up = _t(center), _t(up)
+    up = up / up.norm()
+    # Azimuth 0 points along the world axis least aligned with `up`, made perpendicular to it.
+    axis = torch.eye(3, dtype=torch.float64)[int(torch.argmin(up.abs()))]
+    e1 = axis - (axis @ up) * up
+    e1 = e1 / e1.norm()
+    e2 = torch.linalg.cross(up, e1)
+    el = math.radians(elevation_deg)
+    poses = []
+    for k in range(n_frames):
+        az = math.radians(start_azimuth_deg) + 2 * math.pi * k / n_frames
+        d = math.cos(el) * (math.cos(az) * e1 + math.sin(az) * e2) + math.sin(el) * up
+        poses.append(look_at(c + radius * d, c, up))
+    return torch.stack(poses)
+
+
+# --------------------------------------------------------------------------- intrinsics and rays
+
+def focal_from_fov(fov_deg: float, size: int) -> float:
+    """Focal length in pixels for a field of view spanning `size` pixels."""
+    return 0.5 * size / math.tan(math.radians(fov_deg) / 2)
+
+
+def fov_from_focal(focal: float, size: int) -> float:
+    return math.degrees(2 * math.atan(0.5 * size / focal))
+
+
+def distort(x: torch.Tensor, y: torch.Tensor, dist: torch.Tensor):
+    """OpenCV distortion of normalised (x, y) (y down); dist (..., 5) = k1, k2, k3, p1, p2."""
+    k1, k2, k3, p1, p2 = dist.unbind(-1)
+    r2 = x * x + y * y
+    radial = 1 + r2 * (k1 + r2 * (k2 + r2 * k3))
+    xd = x * radial + 2 * p1 * x * y + p2 * (r2 + 2 * x * x)
+    yd = y * radial + p1 * (r2 + 2 * y * y) + 2 * p2 * x * y
+    return xd, yd
+
+
+def undistort(xd: torch.Tensor, yd: torch.Tensor, dist: torch.Tensor, iters: int = 12):
+    """Inverse of `distort` by fixed-point iteration (as OpenCV's undistortPoints)."""
+    k1, k2, k3, p1, p2 = dist.unbind(-1)
+    x, y = xd, yd
+    for _ in range(iters):
+        r2 = x * x + y * y
+        radial = 1 + r2 * (k1 + r2 * (k2 + r2 * k3))
+        dx = 2 * p1 * x * y + p2 * (r2 + 2 * x * x)
+        dy = p1 * (r2 + 2 * y * y) + 2 * p2 * x * y
+        x, y = (xd - dx) / radial, (yd - dy) / radial
+    return x, y
+
+
+def rays_from_pixels(c2w: torch.Tensor, intrinsics: torch.Tensor, px: torch.Tensor, py: torch.Tensor,
+                     distortion: torch.Tensor | None = None):
+    """Rays through pixel coordinates (px, py) (pixel centres are integer + 0.5).
+
+    c2w (N, 3|4, 4), intrinsics (N, 4) = fx, fy, cx, cy, px/py (N,), distortion (N, 5) or None;
+    everything broadcastable over N. Returns float32 origins (N, 3) and unit directions (N, 3).
+    """
+    c2w = c2w.to(torch.float32)
+    intrinsics = intrinsics.to(torch.float32)
+    fx, fy, cx, cy = intrinsics.unbind(-1)
+    x = (px.to(torch.float32) - cx) / fx
+    y = (py.to(torch.float32) - cy) / fy          # OpenCV: y down
+    if distortion is not None:
+        x, y = undistort(x, y, distortion.to(torch.float32))
+    d_cam = torch.stack([x, -y, -torch.ones_like(x)], -1)   # to OpenGL: y up, looking down -z
+    d = torch.einsum("...ij,...j->...i", c2w[..., :3, :3], d_cam)
+    d = d / d.norm(dim=-1, keepdim=True)
+    o = c2w[..., :3, 3].expand_as(d)
+    return o.contiguous(), d.contiguous()
+
+
+def pixel_grid(width: int, height: int, device=None):
+    """Pixel-centre coordinates (H*W,) px, py, row-major from the top-left pixel."""
+    j, i = torch.meshgrid(torch.arange(height, device=device, dtype=torch.float32),
+                          torch.arange(width, device=device, dtype=torch.float32), indexing="ij")
+    return i.reshape(-1) + 0.5, j.reshape(-1) + 0.5
+
+
+def image_rays(c2w: Tensorish, fx: float, fy: float, cx: float, cy: float, width: int, height: int,
+               distortion: Tensorish | None = None, device=None):
+    """All rays of one image, (H*W, 3) origins and unit directions, row-major."""
+    px, py = pixel_grid(width, height, device)
+    c2w = as_c2w(c2w).to(device)
+    intr = torch.tensor([fx, fy, cx, cy], device=device)
+    dist = None if distortion is None else _t(distortion, torch.float32).to(device)
+    return rays_from_pixels(c2w, intr, px, py, dist)
+
+
+def project_points(points: Tensorish, c2w: Tensorish, fx: float, fy: float, cx: float, cy: float):
+    """World points (N, 3) -> pixel coordinates (N, 2) and depth along the view axis (N,) (pinhole)."""
+    p = _t(points)
+    m = as_c2w(c2w)
+    local = (p - m[:3, 3]) @ m[:3, :3]          # R^T (p - t)
+    z = -local[:, 2]
+    u = cx + fx * local[:, 0] / z
+    v = cy - fy * local[:, 1] / z
+    return torch.stack([u, v], -1), z
+
+
+# --------------------------------------------------------------------------- render requests
+
+@dataclass
+class RenderCamera:
+    """A request camera resolved against a dataset: pose in the normalised (training) frame."""
+
+    c2w: torch.Tensor       # (4, 4) float64, normalised frame
+    fx: float
+    fy: float
+    cx: float
+    cy: float
+    width: int
+    height: int
+
+    def rays(self, device=None):
+        return image_rays(self.c2w, self.fx, self.fy, self.cx, self.cy, self.width, self.height, device=device)
+
+
+def default_fov_x_deg(meta: dict) -> float:
+    """The median horizontal fov of the training cameras, for requests that give no intrinsics."""
+    fovs = sorted(fov_from_focal(f["fx"], f["w"]) for f in meta["frames"] if f.get("split") == "train")
+    return fovs[len(fovs) // 2] if fovs else 50.0
+
+
+def resolve_intrinsics(cam: dict[str, Any], width: int, height: int, meta: dict | None = None):
+    """(fx, fy, cx, cy) from a request's fov_x_deg | fov_y_deg | fx/fy/cx/cy (api_schemas.camera.Intrinsics)."""
+    if cam.get("fx") is not None or cam.get("fy") is not None:
+        fx = cam.get("fx") if cam.get("fx") is not None else cam["fy"]
+        fy = cam.get("fy") if cam.get("fy") is not None else fx
+    elif cam.get("fov_y_deg") is not None:
+        fx = fy = focal_from_fov(cam["fov_y_deg"], height)
+    else:
+        fov = cam.get("fov_x_deg") or (default_fov_x_deg(meta) if meta else 50.0)
+        fx = fy = focal_from_fov(fov, width)
+    cx = cam.get("cx") if cam.get("cx") is not None else width / 2
+    cy = cam.get("cy") if cam.get("cy") is not None else height / 2
+    return float(fx), float(fy), float(cx), float(cy)
+
+
+def resolve_pose(cam: dict[str, Any], meta: dict) -> torch.Tensor:
+    """World-frame c2w of a request's c2w | look_at (up defaults to the dataset's world_up)."""
+    if cam.get("c2w") is not None:
+        return as_c2w(cam["c2w"])
+    la = cam["look_at"]
+    return look_at(la["eye"], la["target"], la.get("up") or meta.get("world_up") or (0.0, 0.0, 1.0))
+
+
+def resolve_camera(cam: dict[str, Any], meta: dict) -> RenderCamera:
+    """A request camera (api_schemas.camera.Camera as a dict) -> normalised pose + intrinsics."""
+    w, h = int(cam["width"]), int(cam["height"])
+    fx, fy, cx, cy = resolve_intrinsics(cam, w, h, meta)
+    c2w = normalize_pose(resolve_pose(cam, meta), meta["normalization"])
+    return RenderCamera(c2w, fx, fy, cx, cy, w, h)
+
+
+def orbit_cameras(orbit: dict[str, Any], intrinsics: dict[str, Any], width: int, height: int,
+                  meta: dict) -> list[RenderCamera]:
+    """api_schemas.camera.Orbit (world frame) -> normalised RenderCameras."""
+    up = orbit.get("up") or meta.get("world_up") or (0.0, 0.0, 1.0)
+    poses = orbit_poses(orbit.get("center", (0, 0, 0)), orbit["radius"], orbit.get("elevation_deg", 20.0),
+                        orbit.get("n_frames", 36), up, orbit.get("start_azimuth_deg", 0.0))
+    fx, fy, cx, cy = resolve_intrinsics(intrinsics, width, height, meta)
+    return [RenderCamera(normalize_pose(p, meta["normalization"]), fx, fy, cx, cy, width, height) for p in poses]
