@@ -221,3 +221,25 @@ def test_sampled_batches_composite_on_their_background(dataset):
     img = ds.image(0, background="black")
     assert torch.allclose(img, ds.image_rgba(0)[..., :3] * ds.image_rgba(0)[..., 3:])
     assert set(b.image_index.tolist()) == set(range(ds.n_images))
+
+
+def test_wire_render_requests_resolve(dataset):
+    """The API's request types (api_schemas.render), dumped as the worker gets them, resolve here."""
+    from api_schemas.render import PathRequest, RenderRequest
+
+    ds = load_dataset(dataset, "test")
+    world = C.denormalize_pose(ds.c2w[1].double(), ds.normalization)
+    req = RenderRequest.model_validate({"width": 24, "height": 24, "fov_x_deg": 45,
+                                        "camera": {"c2w": world[:3].tolist()}}).model_dump(exclude_none=True)
+    rc = C.resolve_request_camera(req, ds.meta)
+    assert torch.allclose(rc.c2w, ds.c2w[1].double(), atol=1e-5) and rc.fx == pytest.approx(C.focal_from_fov(45, 24))
+    path = PathRequest.model_validate({"width": 16, "height": 12, "orbit": {"radius": 3.0, "n_frames": 5,
+                                       "up": [0, 0, 1]}}).model_dump(exclude_none=True)
+    cams = C.path_cameras(path, ds.meta)
+    assert len(cams) == 5 and all((c.width, c.height) == (16, 12) for c in cams)
+    eyes = torch.stack([c.c2w[:3, 3] for c in cams]) / ds.normalization["scale"]
+    assert torch.allclose(eyes.norm(dim=1), torch.full((5,), 3.0, dtype=torch.float64), atol=1e-6)
+    poses = PathRequest.model_validate({"width": 8, "height": 8, "poses": [
+        {"look_at": {"eye": [3, 0, 1], "target": [0, 0, 0], "up": [0, 0, 1]}},
+        {"c2w": world.tolist()}]}).model_dump(exclude_none=True)
+    assert len(C.path_cameras(poses, ds.meta)) == 2

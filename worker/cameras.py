@@ -234,6 +234,20 @@ def resolve_camera(cam: dict[str, Any], meta: dict) -> RenderCamera:
     return RenderCamera(c2w, fx, fy, cx, cy, w, h)
 
 
+def resolve_request_camera(request: dict[str, Any], meta: dict) -> RenderCamera:
+    """An `api_schemas.render.RenderRequest` dict (pose under `camera`, intrinsics and size beside it)."""
+    return resolve_camera({**request, **(request.get("camera") or {})}, meta)
+
+
+def path_cameras(request: dict[str, Any], meta: dict) -> list[RenderCamera]:
+    """An `api_schemas.render.PathRequest` dict: `orbit`, or a list of poses under `cameras`/`poses`."""
+    w, h = int(request["width"]), int(request["height"])
+    if request.get("orbit"):
+        return orbit_cameras(request["orbit"], request, w, h, meta)
+    poses = request.get("cameras") or request.get("poses") or []
+    return [resolve_camera({**request, **p}, meta) for p in poses]
+
+
 def orbit_cameras(orbit: dict[str, Any], intrinsics: dict[str, Any], width: int, height: int,
                   meta: dict) -> list[RenderCamera]:
     """api_schemas.camera.Orbit (world frame) -> normalised RenderCameras."""
