@@ -359,3 +359,24 @@ def test_bad_config(tmp_path, blender):
 def test_not_an_archive_and_empty(tmp_path, blender):
     refused(tmp_path, blender["train/r_0.png"], 415, "not a .zip")
     refused(tmp_path, b"", 422, "empty")
+
+
+def test_ngp_with_jpeg_photos(tmp_path, blender):
+    files = to_ngp(blender)
+    meta = json.loads(files["transforms.json"])
+    for fr in meta["frames"]:
+        rgba = Image.open(io.BytesIO(files.pop(fr["file_path"])))
+        buf = io.BytesIO()
+        rgba.convert("RGB").save(buf, "JPEG", quality=95)
+        fr["file_path"] = fr["file_path"].replace(".png", ".jpg")
+        files[fr["file_path"]] = buf.getvalue()
+    files["transforms.json"] = json.dumps(meta).encode()
+    outside = sorted(tmp_path.rglob("*"))
+    _, summary, cams, job = run_intake(tmp_path, zip_bytes(files))
+    assert cams["has_alpha"] is False and summary["n_train"] + summary["n_test"] == N_TRAIN + N_TEST
+    assert all(f["file"].endswith(".jpg") for f in cams["frames"])
+    assert [p for p in tmp_path.rglob("*") if "jobs" not in p.parts] == [p for p in outside if "jobs" not in p.parts]
+    # A JPEG cut short loses its end marker and is refused.
+    first = meta["frames"][3]["file_path"]
+    files[first] = files[first][:-200]
+    refused(tmp_path / "cut", zip_bytes(files), 422, Path(first).name, "truncated")
