@@ -200,3 +200,8 @@ def test_validate_upload_cleans_up_after_an_attack(tmp_path):
     assert ei.value.status_code == 400
     assert not list(tmp_path.rglob("escaped.txt"))
     assert sorted(p.name for p in job.rglob("*")) == ["upload", "x.zip"]
+
+
+def test_file_and_folder_with_the_same_name(tmp_path):
+    refused(tmp_path, make_zip([("a", b"file"), ("a/b.txt", b"x")]), 400, "clashes")
+    refused(tmp_path / "t", make_tar([(tinfo("a"), b"file"), (tinfo("a/b.txt"), b"x")]), 400, "clashes")

@@ -130,7 +130,10 @@ def _prepare(dest: Path, rel: PurePosixPath, name: str, is_dir: bool) -> Path:
     target = dest.joinpath(*rel.parts)
     # Belt and braces: nothing we create is a link, but check the resolved parent anyway.
     parent = target if is_dir else target.parent
-    parent.mkdir(parents=True, exist_ok=True)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError:  # e.g. "a" is a file and "a/b" follows
+        raise IntakeError(400, f"archive entry {name!r} clashes with another entry") from None
     if not parent.resolve().is_relative_to(dest.resolve()):
         raise IntakeError(400, f"archive entry {name!r} points outside the archive")
     if not is_dir and (target.exists() or target.is_symlink()):
