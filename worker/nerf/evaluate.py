@@ -1,0 +1,60 @@
+"""Test-split quality: PSNR and SSIM of renders against the held-out photos on the eval background."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from skimage.metrics import structural_similarity
+
+from worker.nerf.data import Dataset, composite_background
+from worker.nerf.rendering import render_image
+
+
+def psnr_np(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse <= 0 else -10.0 * math.log10(mse)
+
+
+def ssim_np(a: np.ndarray, b: np.ndarray) -> float:
+    return float(structural_similarity(a, b, channel_axis=2, data_range=1.0))
+
+
+def render_frame(trainer, data: Dataset, i: int) -> np.ndarray:
+    f = data.frames[i]
+    o, d = data.frame_rays(i)
+    dev = trainer.device
+    rgb, _, _, _ = render_image(trainer.field, trainer.grid, o.to(dev), d.to(dev),
+                                trainer.eval_background.expand(o.shape[0], 3).contiguous(), step=trainer.step_size,
+                                cone_angle=trainer.config["cone_angle"],
+                                max_samples=trainer.config["max_samples_per_ray"])
+    return rgb.clamp(0, 1).reshape(f.h, f.w, 3).cpu().numpy()
+
+
+def ground_truth(trainer, data: Dataset, i: int) -> np.ndarray:
+    return composite_background(data.frame_rgba(i), trainer.eval_background.cpu()).numpy()
+
+
+def evaluate(trainer, data: Dataset, keep: int = 0) -> tuple[dict[str, float], list[tuple[int, np.ndarray]]]:
+    """Mean PSNR/SSIM over every frame of `data`, plus the first `keep` renders (index, HxWx3 float)."""
+    trainer.field.eval()
+    psnrs, ssims, kept = [], [], []
+    for i in range(len(data)):
+        pred = render_frame(trainer, data, i)
+        gt = ground_truth(trainer, data, i)
+        psnrs.append(psnr_np(pred, gt))
+        ssims.append(ssim_np(pred, gt))
+        if i < keep:
+            kept.append((i, pred))
+    return {"test_psnr": float(np.mean(psnrs)), "test_ssim": float(np.mean(ssims)), "n_test": len(data)}, kept
+
+
+def background_psnr(trainer, data: Dataset) -> float:
+    """PSNR of an image that is only the background: the floor any trained field must beat."""
+    vals = []
+    for i in range(len(data)):
+        gt = ground_truth(trainer, data, i)
+        vals.append(psnr_np(np.broadcast_to(trainer.eval_background.cpu().numpy(), gt.shape), gt))
+    return float(np.mean(vals))
+
+

@@ -1,0 +1,165 @@
+"""One NeRF optimisation run: field + occupancy grid + Adam, with state that round-trips through
+a checkpoint (tensors + JSON meta) so a redelivered task continues where it stopped."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kernels import OccupancyGrid
+from worker.nerf.data import Dataset, background_rgb, composite_background
+from worker.nerf.model import NerfField
+from worker.nerf.rendering import RenderStats, render_rays
+
+MIN_RAYS = 64
+
+
+def psnr(mse: float) -> float:
+    return float("inf") if mse <= 0 else -10.0 * math.log10(mse)
+
+
+def aabb_half(meta: dict[str, Any], config: dict[str, Any]) -> float:
+    if config.get("aabb_scale"):
+        return float(config["aabb_scale"])
+    return float(meta.get("aabb", [[-1.0] * 3, [1.0] * 3])[1][0])
+
+
+class NerfTrainer:
+    """`step()` runs one batch; `state()` / `load_state()` pack everything needed to resume."""
+
+    def __init__(self, config: dict[str, Any], meta: dict[str, Any], device=None, data: Dataset | None = None):
+        if not 1 <= config["sh_degree"] <= 4:
+            raise ValueError(f"sh_degree {config['sh_degree']} is not supported by the SH kernel (1..4)")
+        self.config = config
+        self.meta = meta
+        self.device = torch.device(device or "cpu")
+        self.data = data
+        self.half = aabb_half(meta, config)
+        self.backend = config.get("backend", "ext")
+        # Same lattice for training and rendering: box diagonal / max_samples_per_ray.
+        self.step_size = 2 * math.sqrt(3) * self.half / config["max_samples_per_ray"]
+        torch.manual_seed(config.get("seed", 0))
+        self.field = NerfField(config, self.half, self.backend).to(self.device)
+        # Grid densities are optical thickness per render step, so the threshold means
+        # "at least this alpha over one step" whatever the step size.
+        self.grid = OccupancyGrid([-self.half] * 3 + [self.half] * 3, resolution=config["occupancy_resolution"],
+                                  step_size=self.step_size, backend=self.backend).to(self.device)
+        self.opt = torch.optim.Adam(self.field.param_groups(config["weight_decay"]), lr=config["lr"],
+                                    betas=tuple(config["adam_betas"]), eps=config["adam_eps"],
+                                    fused=True)
+        self.generator = torch.Generator().manual_seed(config.get("seed", 0))
+        self.step = 0
+        self.n_rays = max(MIN_RAYS, min(config["max_rays_per_step"], config["samples_per_step"] // 256))
+        self.train_s = 0.0  # training time over all runs, so a resumed job keeps its total
+        self.eval_background = torch.tensor(background_rgb(config.get("background")), device=self.device)
+        self.last = RenderStats()
+
+    # -- optimisation --------------------------------------------------------------------
+    def lr_at(self, step: int) -> float:
+        # Exponential decay from lr to lr * lr_final_factor over the planned steps.
+        frac = min(step / max(self.config["steps"], 1), 1.0)
+        return self.config["lr"] * self.config["lr_final_factor"] ** frac
+
+    def _background(self, n: int) -> torch.Tensor:
+        mode = self.config.get("train_background", "random")
+        if self.data is not None and self.data.has_alpha and mode == "random":
+            # Random colours behind transparent pixels stop the field from baking a
+            # background colour into semi-transparent density.
+            return torch.rand(n, 3, generator=self.generator).to(self.device)
+        rgb = background_rgb(mode if mode != "random" else self.config.get("background"))
+        return torch.tensor(rgb, device=self.device).expand(n, 3).contiguous()
+
+    def _update_grid(self) -> None:
+        self.grid.update_every_n_steps(self.step, self.field.density, n=self.config["occupancy_update_every"],
+                                       warmup_steps=self.config["occupancy_warmup_steps"],
+                                       decay=self.config["occupancy_decay"],
+                                       threshold=self.config["occupancy_threshold"])
+
+    def train_step(self) -> dict[str, float]:
+        """One batch. Returns loss, psnr, rays, samples (marched and kept) and seconds."""
+        t0 = time.perf_counter()
+        self.field.train()
+        self._update_grid()
+        n = self.n_rays
+        o, d, rgba = self.data.sample(n, self.generator)
+        o, d, rgba = o.to(self.device), d.to(self.device), rgba.to(self.device)
+        bg = self._background(n)
+        target = composite_background(rgba, bg)
+        for g in self.opt.param_groups:
+            g["lr"] = self.lr_at(self.step)
+        rgb, _, _, stats = render_rays(self.field, self.grid, o, d, bg, step=self.step_size,
+                                       cone_angle=self.config["cone_angle"],
+                                       max_samples=self.config["max_samples_per_ray"], stratified=True)
+        loss = F.mse_loss(rgb, target)
+        self.opt.zero_grad(set_to_none=True)
+        if stats.kept:
+            loss.backward()
+            self.opt.step()
+        self.step += 1
+        self.last = stats
+        # Batch sized by samples: rays next step = target / samples per ray now (smoothed).
+        per_ray = max(stats.kept / n, 1.0)
+        want = self.config["samples_per_step"] / per_ray
+        self.n_rays = int(min(max(0.5 * n + 0.5 * want, MIN_RAYS), self.config["max_rays_per_step"]))
+        dt = time.perf_counter() - t0
+        self.train_s += dt
+        mse = float(loss.detach())
+        return {"loss": mse, "psnr": psnr(mse), "rays": n, "samples_per_ray": stats.kept / n,
+                "marched_per_ray": stats.marched / n, "seconds": dt}
+
+    # -- checkpoint state ----------------------------------------------------------------
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors = {f"field.{k}": v for k, v in self.field.state_dict().items()}
+        tensors.update({f"grid.{k}": v for k, v in self.grid.state_dict().items()})
+        sd = self.opt.state_dict()
+        for idx, st in sd["state"].items():
+            for key, value in st.items():
+                tensors[f"opt.{idx}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
+        tensors["rng.generator"] = self.generator.get_state()
+        tensors["rng.torch"] = torch.get_rng_state()
+        meta = {
+            "kind": "nerf", "config": self.config, "step": self.step, "n_rays": self.n_rays,
+            "train_s": round(self.train_s, 3), "aabb_half": self.half, "step_size": self.step_size,
+            "normalization": self.meta.get("normalization", {"scale": 1.0, "offset": [0.0, 0.0, 0.0]}),
+            "grid": {"resolution": self.grid.resolution, "n_cascades": self.grid.n_cascades,
+                     "n_updates": int(self.grid.n_updates)},
+            "camera": default_camera(self.meta),
+            "world_up": self.meta.get("world_up"),
+            "opt_param_groups": sd["param_groups"],
+        }
+        return tensors, meta
+
+    def load_state(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        load_field_and_grid(self.field, self.grid, tensors, self.device)
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for k, v in tensors.items():
+            if k.startswith("opt."):
+                _, idx, key = k.split(".", 2)
+                state.setdefault(int(idx), {})[key] = v
+        self.opt.load_state_dict({"state": state, "param_groups": meta["opt_param_groups"]})
+        self.generator.set_state(tensors["rng.generator"])
+        torch.set_rng_state(tensors["rng.torch"])
+        self.step = int(meta["step"])
+        self.n_rays = int(meta["n_rays"])
+        self.train_s = float(meta.get("train_s", 0.0))
+
+
+def load_field_and_grid(field: NerfField, grid: OccupancyGrid, tensors: dict[str, torch.Tensor], device) -> None:
+    field.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("field.")})
+    grid.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("grid.")})
+    field.to(device)
+    grid.to(device)
+
+
+def default_camera(meta: dict[str, Any]) -> dict[str, Any]:
+    """The first training frame's intrinsics: renders without intrinsics reuse its field of view."""
+    frames = [f for f in meta.get("frames", []) if f.get("split", "train") == "train"] or meta.get("frames", [])
+    if not frames:
+        return {"w": 100, "h": 100, "fx": 137.4, "fy": 137.4}
+    f = frames[0]
+    return {"w": int(f["w"]), "h": int(f["h"]), "fx": float(f["fx"]), "fy": float(f["fy"]),
+            "cx": float(f["cx"]), "cy": float(f["cy"])}
