@@ -380,3 +380,19 @@ def test_ngp_with_jpeg_photos(tmp_path, blender):
     first = meta["frames"][3]["file_path"]
     files[first] = files[first][:-200]
     refused(tmp_path / "cut", zip_bytes(files), 422, Path(first).name, "truncated")
+
+
+WEIRD = [None, "x", [], {}, [[1, 2], [3]], True, -1, 0, 1e308, float("inf"),
+         [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], ["a", 0, 0, 1]]]
+
+
+@pytest.mark.parametrize("key", ["transform_matrix", "file_path", "fl_x", "fl_y", "w", "h", "cx", "k1",
+                                 "camera_angle_x", "frames", "aabb_scale", "offset", "scale"])
+def test_wrong_json_values_are_4xx_never_a_crash(tmp_path, blender, key):
+    for n, value in enumerate(WEIRD):
+        meta = frames_of(blender, "train")
+        (meta if key in ("camera_angle_x", "frames", "aabb_scale", "offset", "scale") else meta["frames"][2])[key] = value
+        try:
+            run_intake(tmp_path / str(n), zip_bytes(with_json(blender, "train", meta)))
+        except IntakeError as exc:
+            assert exc.status_code == 422, exc.detail

@@ -205,3 +205,33 @@ def test_validate_upload_cleans_up_after_an_attack(tmp_path):
 def test_file_and_folder_with_the_same_name(tmp_path):
     refused(tmp_path, make_zip([("a", b"file"), ("a/b.txt", b"x")]), 400, "clashes")
     refused(tmp_path / "t", make_tar([(tinfo("a"), b"file"), (tinfo("a/b.txt"), b"x")]), 400, "clashes")
+
+
+@pytest.mark.parametrize("mode", ["zip", "tgz"])
+def test_damaged_archives_give_4xx_never_a_crash(tmp_path, mode):
+    """Random byte damage to a valid dataset archive: accepted, or refused with IntakeError, nothing else."""
+    import random
+
+    from worker.experiments.synthetic_scene import scene_files
+
+    files = scene_files(size=16, n_train=8, n_test=2)
+    if mode == "zip":
+        good = make_zip(list(files.items()))
+    else:
+        good = make_tar([(tinfo(n), d) for n, d in files.items()], mode="w:gz")
+    rnd = random.Random(1)
+    outcomes = {"accepted": 0, "refused": 0}
+    for k in range(120):
+        data = bytearray(good)
+        for _ in range(rnd.randint(1, 6)):
+            data[rnd.randrange(len(data))] = rnd.randrange(256)
+        job = tmp_path / f"j{k}"
+        (job / "upload").mkdir(parents=True)
+        (job / "upload" / "x").write_bytes(bytes(data))
+        try:
+            validate_upload(job / "upload" / "x", "x", {}, job, Settings(data_dir=tmp_path))
+            outcomes["accepted"] += 1
+        except IntakeError as exc:
+            assert 400 <= exc.status_code < 500
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 0

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 import tarfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
@@ -19,6 +21,9 @@ from typing import BinaryIO
 from service.intake import IntakeError
 
 CHUNK = 1 << 20
+# What the stdlib readers raise on damaged input (zlib.error escapes zipfile and gzip unwrapped).
+CORRUPT = (zipfile.BadZipFile, tarfile.TarError, zlib.error, OSError, EOFError, ValueError,
+           NotImplementedError, RuntimeError, KeyError, struct.error)
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,7 @@ def _prepare(dest: Path, rel: PurePosixPath, name: str, is_dir: bool) -> Path:
 def _extract_zip(src: Path, dest: Path, limits: ArchiveLimits) -> list[PurePosixPath]:
     try:
         zf = zipfile.ZipFile(src)
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+    except CORRUPT as exc:
         raise IntakeError(400, f"not a readable zip archive: {exc}") from None
     budget = _Budget(limits, src.stat().st_size)
     out: list[PurePosixPath] = []
@@ -178,7 +183,7 @@ def _extract_zip(src: Path, dest: Path, limits: ArchiveLimits) -> list[PurePosix
                     _copy_stream(fh, target, budget, info.file_size, info.filename)
             except IntakeError:
                 raise
-            except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
+            except CORRUPT as exc:
                 raise IntakeError(400, f"archive entry {info.filename!r} is corrupt: {exc}") from None
             out.append(rel)
     return out
@@ -211,7 +216,7 @@ def _extract_tar(src: Path, dest: Path, limits: ArchiveLimits) -> list[PurePosix
                 out.append(rel)
     except IntakeError:
         raise
-    except (tarfile.TarError, OSError, EOFError, ValueError) as exc:
+    except CORRUPT as exc:
         raise IntakeError(400, f"not a readable tar archive: {exc}") from None
     return out
 
