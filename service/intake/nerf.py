@@ -490,6 +490,20 @@ def compute_normalization(c2ws: np.ndarray, tan_half_fov: np.ndarray, parsed: Pa
     return float(scale), np.asarray(offset, dtype=np.float64), float(half)
 
 
+def world_up(c2ws: np.ndarray) -> np.ndarray:
+    """Mean camera up vector; snapped to a world axis when within 15 degrees of one, because
+    cameras spread over a sphere bias the mean while most captures are axis-aligned (Blender: +z)."""
+    up = c2ws[:, :3, 1].mean(0)
+    n = np.linalg.norm(up)
+    if n < 1e-6:
+        return np.array([0.0, 0.0, 1.0])
+    up = up / n
+    k = int(np.argmax(np.abs(up)))
+    if abs(up[k]) > math.cos(math.radians(15)):
+        up = np.eye(3)[k] * np.sign(up[k])
+    return up
+
+
 def normalize_c2w(c2w: np.ndarray, scale: float, offset: np.ndarray) -> np.ndarray:
     out = np.array(c2w, dtype=np.float64)
     out[:3, 3] = (out[:3, 3] - offset) * scale
@@ -534,8 +548,7 @@ def build_dataset(root: Path, out_dir: Path, cfg: NerfConfig, settings) -> dict:
     tan_half = np.array([max(0.5 * i.w / k["fx"], 0.5 * i.h / k["fy"]) for i, k in zip(infos, intr)])
     train_mask = np.array([f.split == "train" for f in frames])
     scale, offset, half = compute_normalization(c2ws[train_mask], tan_half[train_mask], parsed, cfg.aabb_scale)
-    up = c2ws[train_mask][:, :3, 1].mean(0)
-    up = up / np.linalg.norm(up) if np.linalg.norm(up) > 1e-6 else np.array([0.0, 0.0, 1.0])
+    up = world_up(c2ws[train_mask])
 
     images_dir = out_dir / "images"
     images_dir.mkdir(parents=True)
