@@ -79,8 +79,9 @@ class JobStore:
             self._append_event(paths, "status", self._status_data(job))
         return job
 
-    def update(self, job_id: str, fn: Callable[[Job], Job | None]) -> Job:
-        """Apply `fn` to the current job under the lock; `fn` returning None means no change."""
+    def update(self, job_id: str, fn: Callable[[Job], Job | None], status_event: bool = False) -> Job:
+        """Apply `fn` to the current job under the lock; `fn` returning None means no change.
+        A status event is logged when the status changes, or on any change with status_event."""
         paths = self.storage.paths(job_id)
         with self._locked(paths):
             job = self.get(job_id)
@@ -89,7 +90,7 @@ class JobStore:
                 return job
             new.updated_at = utcnow()
             self._write(paths, new)
-            if new.status != job.status:
+            if new.status != job.status or status_event:
                 self._append_event(paths, "status", self._status_data(new))
             return new
 

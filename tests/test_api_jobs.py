@@ -84,11 +84,40 @@ def test_killed_worker_process_resumes_from_checkpoint(stack_factory):
     # SIGKILL the pool process doing the training; acks_late + reject_on_worker_lost requeue it.
     child = int(subprocess.check_output(["pgrep", "-P", str(worker.pid)]).split()[0])
     os.kill(child, signal.SIGKILL)
+    _assert_resumed(stack, job_id, ckpts)
+
+
+def _assert_resumed(stack, job_id, ckpts):
+    """After a kill: the job succeeds, and the rerun (its second `running` event) started at a
+    checkpoint, not at step 0."""
     done = stack.wait_status(job_id, "succeeded", "failed", timeout=180)
     assert done["status"] == "succeeded", done
+    events = _events(stack, job_id)
+    starts = [i for i, e in enumerate(events) if e["event"] == "status" and e["data"]["status"] == "running"]
+    assert len(starts) == 2, [(e["event"], e["data"].get("status")) for e in events if e["event"] == "status"]
+    first = [e["data"]["step"] for e in events[starts[0]:starts[1]] if e["event"] == "progress"]
+    rerun = [e["data"]["step"] for e in events[starts[1]:] if e["event"] == "progress"]
+    assert 0 < rerun[0] <= max(first), (first[-3:], rerun[:3])
+    assert rerun == sorted(rerun) and rerun[-1] == done["progress"]["total_steps"]
 
-    progress_steps = [e["data"]["step"] for e in _events(stack, job_id) if e["event"] == "progress"]
-    drops = [(a, b) for a, b in zip(progress_steps, progress_steps[1:]) if b < a]
-    assert len(drops) == 1, progress_steps
-    before, after = drops[0]
-    assert 0 < after < before  # resumed from a checkpoint, not from scratch
+
+def test_training_orphaned_by_a_killed_worker_resumes_when_a_worker_starts(stack_factory):
+    # The whole worker (main process too) dies: the filesystem broker never sees the task
+    # fail, so only the restarted worker's orphan check can bring the job back.
+    stack = stack_factory(queues=None, env={"CHECKPOINT_INTERVAL_S": "0.3"})
+    steps = 3000
+    job_id = stack.submit(png_bytes(16, 16), config={"steps": steps, "resolution": 16}).json()["id"]
+    worker = stack.start_worker()
+    stack.wait_for(job_id, lambda j: j["progress"]["step"] > 300, what="some training")
+    deadline = time.monotonic() + 20
+    while not (stack.job_dir(job_id) / "checkpoints" / "latest").exists():
+        assert time.monotonic() < deadline, stack.logs()
+        time.sleep(0.05)
+    os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait()
+    time.sleep(1)
+    assert stack.client.get(f"/v1/jobs/{job_id}").json()["status"] == "running"  # stuck, for now
+
+    stack.start_worker()
+    _assert_resumed(stack, job_id, stack.job_dir(job_id) / "checkpoints")
+    assert f"requeued 1 orphaned training(s): {job_id}" in (stack.log_dir / "worker-1.log").read_text()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import json
 import logging
+import os
+import socket
 import threading
 import traceback
 from collections import OrderedDict
@@ -13,6 +16,10 @@ from api_schemas.jobs import JobStatus
 from service.settings import get_settings
 from service.storage import get_storage
 from service.store import JobNotFound, JobStore
+from celery.signals import worker_ready
+
+from service.celery_config import TASK_TRAIN, TRAIN_QUEUE
+from service.storage import atomic_write_json
 from worker.app import app, limit_torch_threads
 from worker.checkpoints import Checkpoint, CheckpointManager
 from worker.jobs import JobCancelled, JobContext, RenderError, UnknownKind, get_kind_module, pick_device
@@ -59,7 +66,8 @@ def _start(store: JobStore, job_id: str):
         job.error = None
         return job
 
-    job = store.update(job_id, change)
+    # A second `running` event tells stream readers that the training (re)started.
+    job = store.update(job_id, change, status_event=True)
     return job if job.status == JobStatus.running else None
 
 
@@ -75,6 +83,7 @@ def train(job_id: str) -> None:
     if job is None:
         return
     paths = store.storage.paths(job_id)
+    _claim(paths)
     try:
         module = get_kind_module(job.kind.value)
         ctx = JobContext(
@@ -96,6 +105,69 @@ def train(job_id: str) -> None:
                          only_from={JobStatus.running, JobStatus.queued})
         return
     store.set_status(job_id, JobStatus.succeeded, metrics=metrics, only_from={JobStatus.running})
+
+
+# -- orphaned trainings ---------------------------------------------------------------------
+OWNER_FILE = ".owner"
+
+
+def _pid_namespace() -> str:
+    # Containers may share a hostname (host networking) but never a pid namespace.
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def _claim(paths) -> None:
+    """Record which process trains this job, so a restarted worker can tell it was orphaned."""
+    atomic_write_json(paths.root / OWNER_FILE,
+                      {"host": socket.gethostname(), "pidns": _pid_namespace(), "pid": os.getpid()})
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def requeue_orphans() -> list[str]:
+    """Running jobs whose training process on this host is gone (the whole worker was killed,
+    so the broker never saw the task fail): send them again; they resume from a checkpoint.
+    The filesystem broker loses such a message, Redis would hold it back for the visibility
+    timeout; either way the job would sit in `running` until then."""
+    store = _store()
+    host, pidns = socket.gethostname(), _pid_namespace()
+    sent = []
+    for job_id in store.storage.job_ids():
+        try:
+            job = store.get(job_id)
+            if job.status != JobStatus.running:
+                continue
+            owner = json.loads((store.storage.paths(job_id).root / OWNER_FILE).read_text())
+        except (JobNotFound, ValueError, OSError):
+            continue
+        mine = owner.get("host") == host and owner.get("pidns") == pidns
+        if mine and not _pid_alive(int(owner.get("pid", 0))):
+            app.send_task(TASK_TRAIN, args=[job_id], queue=TRAIN_QUEUE, task_id=job_id, ignore_result=True)
+            sent.append(job_id)
+    if sent:
+        log.warning("requeued %d orphaned training(s): %s", len(sent), ", ".join(sent))
+    return sent
+
+
+@worker_ready.connect
+def _on_worker_ready(sender=None, **_):
+    queues = {q.name for q in sender.app.amqp.queues.consume_from.values()} if sender is not None else set()
+    if TRAIN_QUEUE in queues or not queues:
+        try:
+            requeue_orphans()
+        except Exception:
+            log.exception("could not check for orphaned trainings")
 
 
 # -- rendering -----------------------------------------------------------------------------
