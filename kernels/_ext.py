@@ -71,7 +71,8 @@ def load_cpu():
         import torch.utils.cpp_extension as cpp
 
         name = f"kernels_cpu_{_source_hash()}"
-        out = build_dir() / "cpu"
+        # One folder per source version: processes holding different checkouts never share objects.
+        out = build_dir() / "cpu" / name
         out.mkdir(parents=True, exist_ok=True)
         try:
             mod = cpp.load(
@@ -112,7 +113,7 @@ def load_cuda():
             raise KernelBuildError("cannot build the CUDA kernels, missing: nvcc (set CUDA_HOME to a CUDA toolkit)")
         _require_tools("CXX", "c++")
         name = f"kernels_cuda_{_source_hash()}"
-        out = build_dir() / "cuda"
+        out = build_dir() / "cuda" / name
         out.mkdir(parents=True, exist_ok=True)
         try:
             mod = cpp.load(

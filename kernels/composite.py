@@ -94,7 +94,14 @@ def composite(sigmas: torch.Tensor, rgbs: torch.Tensor, t_starts: torch.Tensor, 
         raise ValueError(f"rgbs must be ({s.shape[0]}, 3), got {tuple(rgbs.shape)}")
     t0, t1 = t_starts.reshape(-1), t_ends.reshape(-1)
     if offsets is None:
-        offsets = ray_offsets(ray_indices.reshape(-1), n_rays)
+        ri = ray_indices.reshape(-1)
+        if backend == "ext" and ri.device.type == "cpu":
+            try:
+                offsets = _ext.load_cpu().ray_offsets(ri.long().contiguous(), n_rays)
+            except ValueError as exc:
+                raise ValueError(str(exc).split("\n")[0]) from None
+        else:
+            offsets = ray_offsets(ri, n_rays)
     if backend == "reference":
         rgb, depth, opacity = composite_reference(s, rgbs, t0, t1, ray_indices.reshape(-1), n_rays, offsets)
     else:

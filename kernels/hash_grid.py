@@ -53,7 +53,7 @@ def hash_grid_reference(x: torch.Tensor, table: torch.Tensor, scales, resolution
         frac = pos - fl
         res = int(resolution[level])
         rows = int(offsets[level + 1] - offsets[level])
-        feat = torch.zeros(n, f, dtype=table.dtype, device=table.device)
+        idxs, ws = [], []
         for corner in range(1 << d):
             w = torch.ones(n, dtype=x.dtype, device=x.device)
             g = []
@@ -72,7 +72,12 @@ def hash_grid_reference(x: torch.Tensor, table: torch.Tensor, scales, resolution
                 for dim in range(d):
                     idx = idx + g[dim] * stride
                     stride *= res
-            feat = feat + w[:, None] * table[int(offsets[level]) + idx]
+            idxs.append(idx)
+            ws.append(w)
+        # One gather per level; index_select's backward is an index_add (the fastest torch scatter).
+        rows_idx = torch.stack(idxs, 1).reshape(-1) + int(offsets[level])
+        corners = table.index_select(0, rows_idx).view(n, 1 << d, f)
+        feat = (torch.stack(ws, 1)[:, :, None] * corners).sum(1)
         outs.append(feat)
     return torch.cat(outs, dim=1)
 

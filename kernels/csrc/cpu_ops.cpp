@@ -209,6 +209,26 @@ std::vector<at::Tensor> composite_backward(at::Tensor sigmas, at::Tensor rgbs, a
     return {grad_sigma, grad_rgb};
 }
 
+// Start offsets of each ray's samples, validating that ray_indices is sorted and in range.
+at::Tensor ray_offsets(at::Tensor ray_indices, int64_t n_rays) {
+    check_cpu_contig(ray_indices, "ray_indices");
+    TORCH_CHECK(ray_indices.scalar_type() == at::kLong, "ray_indices must be int64");
+    const int64_t s = ray_indices.numel();
+    const int64_t* ri = ray_indices.data_ptr<int64_t>();
+    auto offsets = at::empty({n_rays + 1}, ray_indices.options());
+    int64_t* off = offsets.data_ptr<int64_t>();
+    int64_t r = 0;
+    off[0] = 0;
+    for (int64_t i = 0; i < s; ++i) {
+        const int64_t v = ri[i];
+        TORCH_CHECK_VALUE(v >= 0 && v < n_rays && (i == 0 || v >= ri[i - 1]),
+                          "ray_indices must be sorted (samples packed per ray) and within [0, n_rays)");
+        while (r < v) off[++r] = i;
+    }
+    while (r < n_rays) off[++r] = s;
+    return offsets;
+}
+
 // ---- occupancy grid ---------------------------------------------------------------------------
 
 struct BitLayout {
@@ -241,24 +261,21 @@ at::Tensor occ_bitfield(at::Tensor density, double thresh) {
     const int nt = n_threads();
     for (int64_t c = 0; c < C; ++c) {
         uint8_t* level0 = out + c * per;
+        const uint8_t* finer = c > 0 ? out + (c - 1) * per : nullptr;
+        const float* dc = dens + c * cells;
 #pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t j = 0; j < cells / 8; ++j) level0[j] = kn::threshold_byte(dens + c * cells, (uint32_t)j, th);
-        if (c > 0) {
-            // The finer cascade's occupancy, pooled, is ORed into this cascade's centre so that a
-            // coarse mip never claims emptiness the finer cascade contradicts.
-            const uint8_t* prev = out + (c - 1) * per;
-            for (int64_t i = 0; i < cells / 8; ++i)
-                if (prev[i]) {
-                    const uint32_t code = kn::pooled_cell_in_next_cascade((uint32_t)i, (uint32_t)res);
-                    level0[code >> 3] |= (uint8_t)(1u << (code & 7u));
-                }
+        for (int64_t j = 0; j < cells / 8; ++j) {
+            uint8_t v = kn::threshold_byte(dc, (uint32_t)j, th);
+            // The finer cascade's occupancy, pooled, is ORed in so that a coarse mip never claims
+            // emptiness that the finer cascade contradicts.
+            if (finer) v |= kn::pooled_from_finer(finer, (uint32_t)j, (uint32_t)res);
+            level0[j] = v;
         }
         for (int m = 1; m < b.n_mips; ++m) {
             const uint8_t* src = out + c * per + b.offset[m - 1];
             uint8_t* dst = out + c * per + b.offset[m];
             const uint32_t n = kn::mip_cells((uint32_t)res, m);
-            for (uint32_t j = 0; j < n; ++j)
-                if (src[j]) dst[j >> 3] |= (uint8_t)(1u << (j & 7u));
+            for (uint32_t j = 0; j < b.offset[m + 1] - b.offset[m]; ++j) dst[j] = kn::mip_byte(src, j, n);
         }
     }
     return bits;
@@ -358,6 +375,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("sh_encode", &sh_encode);
     m.def("composite_forward", &composite_forward);
     m.def("composite_backward", &composite_backward);
+    m.def("ray_offsets", &ray_offsets);
     m.def("occ_bitfield", &occ_bitfield);
     m.def("occ_query", &occ_query);
     m.def("march_rays", &march_rays);

@@ -54,13 +54,28 @@ KN_HD uint8_t threshold_byte(const float* density, uint32_t j, float thresh) {
     return bits;
 }
 
-// Coarse cell i of the finer cascade's byte lands in the centre (R/2)^3 block of the next cascade.
-// (The walkthrough in seed 004 offsets by R/8; centring an (R/2)^3 block in R^3 needs R/4.)
-KN_HD uint32_t pooled_cell_in_next_cascade(uint32_t i, uint32_t res) {
-    const uint32_t x = morton3D_invert(i >> 0) + res / 4;
-    const uint32_t y = morton3D_invert(i >> 1) + res / 4;
-    const uint32_t z = morton3D_invert(i >> 2) + res / 4;
-    return morton3D(x, y, z);
+// Byte j of cascade c's mip 0 gets, ORed in, the finer cascade's occupancy max-pooled into the
+// centre (R/2)^3 block: coarse cell (x, y, z) there is byte morton3D(x - R/4, ...) of the finer
+// level being non-zero. (The walkthrough in seed 004 offsets by R/8; centring needs R/4.)
+// Written as a gather so that CUDA threads never write the same byte.
+KN_HD uint8_t pooled_from_finer(const uint8_t* finer_level0, uint32_t j, uint32_t res) {
+    uint8_t bits = 0;
+    const uint32_t lo = res / 4, hi = res / 4 + res / 2;
+    for (int b = 0; b < 8; ++b) {
+        const uint32_t code = 8 * j + b;
+        const uint32_t x = morton3D_invert(code >> 0), y = morton3D_invert(code >> 1), z = morton3D_invert(code >> 2);
+        if (x < lo || x >= hi || y < lo || y >= hi || z < lo || z >= hi) continue;
+        if (finer_level0[morton3D(x - lo, y - lo, z - lo)]) bits |= (uint8_t)(1u << b);
+    }
+    return bits;
+}
+
+// Byte j of mip m from mip m-1 (which has 8x the cells, i.e. one source byte per target bit).
+KN_HD uint8_t mip_byte(const uint8_t* finer_mip, uint32_t j, uint32_t n_cells) {
+    uint8_t bits = 0;
+    for (uint32_t b = 0; b < 8 && 8 * j + b < n_cells; ++b)
+        if (finer_mip[8 * j + b]) bits |= (uint8_t)(1u << b);
+    return bits;
 }
 
 KN_HD bool bit_at(const uint8_t* bytes, uint32_t idx) { return (bytes[idx >> 3] >> (idx & 7u)) & 1u; }

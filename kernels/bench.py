@@ -1,0 +1,127 @@
+"""Benchmark every op against its pure-torch reference: `python -m kernels.bench`.
+
+Prints one JSON object per line (op, size, reference_ms, ext_ms, speedup, ...), both backends
+measured in the same run, each time the median of --repeats runs after a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+
+import kernels
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_ms(fn, device):
+    t = time.perf_counter()
+    fn()
+    _sync(device)
+    return (time.perf_counter() - t) * 1000
+
+
+def _medians_ms(fns, repeats, device):
+    """Median per function, runs interleaved so that load from other processes hits both alike."""
+    for fn in fns:
+        fn()
+    _sync(device)
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for k, fn in enumerate(fns):
+            times[k].append(_time_ms(fn, device))
+    return [statistics.median(t) for t in times]
+
+
+def bench_hash_grid(device, dims=3, n=2**18):
+    grid = kernels.HashGrid(dims, 16, 2, 19, 16, finest_resolution=2048 if dims == 3 else 4096).to(device)
+    x = torch.rand(n, dims, device=device)
+    w = torch.randn(n, grid.n_output_dims, device=device)
+
+    def run(backend):
+        def f():
+            return torch.autograd.grad(grid(x, backend=backend), grid.params, w)
+        return f
+
+    return f"hash_grid_{dims}d_fwd_bwd", n, run
+
+
+def bench_sh(device, n=2**18):
+    d = torch.nn.functional.normalize(torch.randn(n, 3, device=device), dim=-1)
+    return "sh_encode_fwd", n, lambda b: (lambda: kernels.sh_encode(d, 4, backend=b))
+
+
+def bench_composite(device, n=2**18, per_ray=64):
+    n_rays = n // per_ray
+    ri = torch.repeat_interleave(torch.arange(n_rays, device=device), per_ray)
+    dt = torch.full((n,), 2.0 / 1024 * math.sqrt(3), device=device)
+    t0 = (torch.arange(n, device=device) % per_ray).float() * dt + 0.5
+    t1 = t0 + dt
+    sig = (torch.rand(n, device=device) * 10).requires_grad_(True)
+    rgb = torch.rand(n, 3, device=device).requires_grad_(True)
+    gw = [torch.randn(n_rays, 3, device=device), torch.randn(n_rays, device=device), torch.randn(n_rays, device=device)]
+
+    def run(backend):
+        def f():
+            out = kernels.composite(sig, rgb, t0, t1, ri, n_rays, background=1.0, backend=backend)
+            return torch.autograd.grad(out, [sig, rgb], gw)
+        return f
+
+    return "composite_fwd_bwd", n, run
+
+
+def _scene_grid(device, res=128):
+    grid = kernels.OccupancyGrid([-1, -1, -1, 1, 1, 1], resolution=res).to(device)
+    grid.update(lambda x: 50.0 * ((x.norm(dim=-1) - 0.6).abs() < 0.1).float(), warmup=True)
+    return grid
+
+
+def bench_march(device, n=2**14):
+    grid = _scene_grid(device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    o = torch.randn(n, 3, generator=gen)
+    o = (2.5 * o / o.norm(dim=-1, keepdim=True)).to(device)
+    d = torch.nn.functional.normalize(-o + 0.5 * torch.randn(n, 3, generator=gen).to(device), dim=-1)
+    return "march_rays", n, lambda b: (lambda: kernels.march_rays(o, d, grid, render_step_size=2 * math.sqrt(3) / 1024,
+                                                                  max_samples=1024, backend=b))
+
+
+def bench_bitfield(device):
+    grid = _scene_grid(device)
+    return "occupancy_binarize", grid.n_cells, lambda b: (lambda: grid.binarize(backend=b))
+
+
+BENCHES = {"hash_grid": bench_hash_grid, "hash_grid_2d": lambda dev: bench_hash_grid(dev, dims=2),
+           "sh": bench_sh, "composite": bench_composite, "march": bench_march, "bitfield": bench_bitfield}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--ops", default=",".join(BENCHES), help="comma list of " + ",".join(BENCHES))
+    args = ap.parse_args(argv)
+    if args.repeats < 5:
+        ap.error("--repeats must be >= 5 (figures are medians of at least five runs)")
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    for name in args.ops.split(","):
+        op, size, make = BENCHES[name](device)
+        ref_ms, ext_ms = _medians_ms([make("reference"), make("ext")], args.repeats, device)
+        print(json.dumps({"op": op, "size": size, "device": str(device), "threads": torch.get_num_threads(),
+                          "repeats": args.repeats, "reference_ms": round(ref_ms, 3), "ext_ms": round(ext_ms, 3),
+                          "speedup": round(ref_ms / ext_ms, 2)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
