@@ -121,3 +121,25 @@ def test_training_orphaned_by_a_killed_worker_resumes_when_a_worker_starts(stack
     stack.start_worker()
     _assert_resumed(stack, job_id, stack.job_dir(job_id) / "checkpoints")
     assert f"requeued 1 orphaned training(s): {job_id}" in (stack.log_dir / "worker-1.log").read_text()
+
+
+def test_a_second_delivery_of_a_running_training_is_dropped(stack_factory):
+    from service.queue import make_client
+    from service.settings import Settings
+
+    stack = stack_factory(concurrency=2)
+    job_id = stack.submit(png_bytes(16, 16), config=LONG).json()["id"]
+    stack.wait_for(job_id, lambda j: j["progress"]["step"] > 0, what="training started")
+    client = make_client(Settings(data_dir=stack.data_dir, redis_url=None))
+    client.send_task("nf.train", args=[job_id], queue="train")  # as a broker redelivery would
+    log = stack.log_dir / "worker-0.log"
+    deadline = time.monotonic() + 30
+    while "being trained by another process" not in log.read_text():
+        assert time.monotonic() < deadline, stack.logs()
+        time.sleep(0.1)
+    stack.client.post(f"/v1/jobs/{job_id}/cancel")
+    assert stack.wait_status(job_id, "cancelled", "failed", "succeeded", timeout=20)["status"] == "cancelled"
+    statuses = [e["data"]["status"] for e in _events(stack, job_id) if e["event"] == "status"]
+    assert statuses == ["queued", "running", "cancelled"]
+    steps = [e["data"]["step"] for e in _events(stack, job_id) if e["event"] == "progress"]
+    assert steps == sorted(steps)  # one trainer all along

@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import base64
-import json
+import fcntl
 import logging
-import os
-import socket
 import threading
+import time
 import traceback
 from collections import OrderedDict
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from celery.signals import worker_ready
 
 from api_schemas.jobs import JobStatus
+from service.celery_config import TASK_TRAIN, TRAIN_QUEUE
 from service.settings import get_settings
 from service.storage import get_storage
 from service.store import JobNotFound, JobStore
-from celery.signals import worker_ready
-
-from service.celery_config import TASK_TRAIN, TRAIN_QUEUE
-from service.storage import atomic_write_json
 from worker.app import app, limit_torch_threads
 from worker.checkpoints import Checkpoint, CheckpointManager
 from worker.jobs import JobCancelled, JobContext, RenderError, UnknownKind, get_kind_module, pick_device
@@ -71,10 +70,51 @@ def _start(store: JobStore, job_id: str):
     return job if job.status == JobStatus.running else None
 
 
+# -- training ------------------------------------------------------------------------------
+TRAIN_LOCK = ".train.lock"
+
+
+@contextmanager
+def _train_lock(paths, wait_s: float = 5.0) -> Iterator[bool]:
+    """An exclusive flock held for the whole training: a second delivery of the same job (a
+    redelivered or requeued message) sees it held and leaves the job to its trainer. The kernel
+    drops the lock when the trainer dies, however it dies, which is how orphans are told apart."""
+    fh = open(paths.root / TRAIN_LOCK, "a+")
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:  # someone else really is training it
+                    yield False
+                    return
+                time.sleep(0.05)  # maybe just an orphan check peeking
+        yield True
+    finally:
+        fh.close()
+
+
 @app.task(name="nf.train", ignore_result=True, acks_late=True)
 def train(job_id: str) -> None:
     settings = get_settings()
     store = _store()
+    try:
+        paths = store.storage.paths(job_id)
+        if not paths.job_json.is_file():
+            raise JobNotFound(job_id)
+    except (JobNotFound, ValueError):
+        log.warning("nf.train: job %s does not exist (deleted?)", job_id)
+        return
+    with _train_lock(paths) as mine:
+        if not mine:
+            log.warning("nf.train: job %s is being trained by another process; dropping this delivery", job_id)
+            return
+        _train_locked(store, settings, job_id, paths)
+
+
+def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
     try:
         job = _start(store, job_id)
     except (JobNotFound, ValueError):
@@ -82,8 +122,6 @@ def train(job_id: str) -> None:
         return
     if job is None:
         return
-    paths = store.storage.paths(job_id)
-    _claim(paths)
     try:
         module = get_kind_module(job.kind.value)
         ctx = JobContext(
@@ -108,51 +146,30 @@ def train(job_id: str) -> None:
 
 
 # -- orphaned trainings ---------------------------------------------------------------------
-OWNER_FILE = ".owner"
-
-
-def _pid_namespace() -> str:
-    # Containers may share a hostname (host networking) but never a pid namespace.
+def _lock_free(paths) -> bool:
     try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""
-
-
-def _claim(paths) -> None:
-    """Record which process trains this job, so a restarted worker can tell it was orphaned."""
-    atomic_write_json(paths.root / OWNER_FILE,
-                      {"host": socket.gethostname(), "pidns": _pid_namespace(), "pid": os.getpid()})
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(paths.root / TRAIN_LOCK, "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+    except BlockingIOError:
         return False
-    except PermissionError:
-        return True
-    return True
 
 
 def requeue_orphans() -> list[str]:
-    """Running jobs whose training process on this host is gone (the whole worker was killed,
-    so the broker never saw the task fail): send them again; they resume from a checkpoint.
-    The filesystem broker loses such a message, Redis would hold it back for the visibility
-    timeout; either way the job would sit in `running` until then."""
+    """`running` jobs that nobody trains (the whole worker was killed, so the broker never saw
+    the task fail): send them again; they resume from their latest checkpoint. The filesystem
+    broker loses such a message; Redis would hold it back for the visibility timeout. Sending
+    one twice is harmless: the train lock lets only one delivery train."""
     store = _store()
-    host, pidns = socket.gethostname(), _pid_namespace()
     sent = []
     for job_id in store.storage.job_ids():
         try:
-            job = store.get(job_id)
-            if job.status != JobStatus.running:
+            if store.get(job_id).status != JobStatus.running:
                 continue
-            owner = json.loads((store.storage.paths(job_id).root / OWNER_FILE).read_text())
+            orphan = _lock_free(store.storage.paths(job_id))
         except (JobNotFound, ValueError, OSError):
             continue
-        mine = owner.get("host") == host and owner.get("pidns") == pidns
-        if mine and not _pid_alive(int(owner.get("pid", 0))):
+        if orphan:
             app.send_task(TASK_TRAIN, args=[job_id], queue=TRAIN_QUEUE, task_id=job_id, ignore_result=True)
             sent.append(job_id)
     if sent:
