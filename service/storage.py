@@ -3,6 +3,7 @@ implementation would provide the same methods (see docs/deploy.md)."""
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 import shutil
@@ -77,7 +78,31 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=1, default=str).encode())
 
 
-class LocalStorage:
+class Storage(abc.ABC):
+    """Where job folders live. Workers and the API see the same folders (a shared volume in
+    a deployment); an object-store backend would implement these against a bucket and hand
+    out local working copies as JobPaths (docs/deploy.md)."""
+
+    @abc.abstractmethod
+    def ensure(self) -> None: ...
+
+    @abc.abstractmethod
+    def paths(self, job_id: str) -> JobPaths: ...
+
+    @abc.abstractmethod
+    def new_job_dir(self) -> tuple[str, JobPaths]: ...
+
+    @abc.abstractmethod
+    def remove_job_dir(self, job_id: str) -> None: ...
+
+    @abc.abstractmethod
+    def job_ids(self) -> Iterator[str]: ...
+
+    @abc.abstractmethod
+    def writable(self) -> bool: ...
+
+
+class LocalStorage(Storage):
     """Job folders under `<data_dir>/jobs/<uuid>/`."""
 
     def __init__(self, data_dir: Path):
