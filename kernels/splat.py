@@ -1,0 +1,252 @@
+"""Gaussian-splat compositing: seed 002's naive compositor, a 16x16 tiled one, and a pure-torch reference.
+
+Splats are 2D: means (N, 2) in pixels (pixel (x, y) has its centre at (x + 0.5, y + 0.5)),
+conics (N, 3) = (A, B, C) of the inverse 2D covariance, colours (N, 3), opacities (N,).
+`rasterize` sorts them near to far by `depths` (or takes them as sorted), composites
+alpha = min(o * exp(-0.5 (A dx^2 + C dy^2) - B dx dy), 0.99), skipping alpha < 1/255 and stopping
+a pixel right after its transmittance drops below 1e-4, and returns the image and the final
+transmittance. Differentiable w.r.t. means2d, conics, colours and opacities on every method.
+
+The compiled methods live in their own extension (csrc/splat_cpu.cpp over csrc/splat.h, plus
+csrc/splat.cu on CUDA machines), built on first use like kernels._ext.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+
+import torch
+
+from . import _ext
+
+ALPHA_MIN = 1.0 / 255
+ALPHA_MAX = 0.99
+STOP_T = 1e-4
+TILE = 16
+METHODS = ("tiled", "naive", "reference")
+
+_SOURCES = ("splat.h", "splat_cpu.cpp", "splat.cu", "common.h")
+_lock = threading.Lock()
+_loaded: dict[str, object] = {}
+
+
+# ------------------------------------------------------------------------------------ build
+
+def _source_hash() -> str:
+    h = hashlib.sha256()
+    for name in _SOURCES:
+        h.update(name.encode())
+        h.update((_ext.CSRC / name).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def load_extension(device_type: str = "cpu"):
+    """The compiled splat module for 'cpu' or 'cuda' tensors (the CUDA build also serves CPU)."""
+    with _lock:
+        if device_type in _loaded:
+            return _loaded[device_type]
+        _ext._require_tools("CXX", "c++")
+        import torch.utils.cpp_extension as cpp
+
+        kw = dict(extra_include_paths=[str(_ext.CSRC)], verbose=bool(os.environ.get("KERNELS_VERBOSE")))
+        out = _ext.build_dir() / f"splat_{device_type}"
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            if device_type == "cpu":
+                mod = cpp.load(name=f"kernels_splat_cpu_{_source_hash()}", sources=[str(_ext.CSRC / "splat_cpu.cpp")],
+                               # no FMA contraction: stops and alpha cut-offs match the reference's rounding
+                               extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off"], extra_ldflags=["-fopenmp"],
+                               build_directory=str(out), **kw)
+            elif device_type == "cuda":
+                if torch.version.cuda is None or cpp.CUDA_HOME is None:
+                    raise _ext.KernelBuildError("cannot build the CUDA splat kernels: no CUDA torch / CUDA_HOME")
+                mod = cpp.load(name=f"kernels_splat_cuda_{_source_hash()}",
+                               sources=[str(_ext.CSRC / "splat_cpu.cpp"), str(_ext.CSRC / "splat.cu")],
+                               extra_cflags=["-O3", "-fopenmp", "-DKN_SPLAT_CUDA"], extra_ldflags=["-fopenmp"],
+                               extra_cuda_cflags=["-O3", "--fmad=false", "-std=c++17", "-DKN_SPLAT_CUDA"],
+                               build_directory=str(out), **kw)
+            else:
+                raise _ext.KernelBuildError(f"no compiled splat kernels for device type {device_type!r}")
+        except _ext.KernelBuildError:
+            raise
+        except Exception as exc:  # cpp_extension raises RuntimeError/OSError/CalledProcessError
+            raise _ext.KernelBuildError(f"building the splat extension failed ({type(exc).__name__}): {exc}") from exc
+        _loaded[device_type] = mod
+        return mod
+
+
+# ------------------------------------------------------------------------------------ tiles
+
+def tile_bins(means2d: torch.Tensor, conics: torch.Tensor, opacities: torch.Tensor, height: int, width: int,
+              alpha_min: float = ALPHA_MIN):
+    """Per-tile splat lists: (tile_offsets int64 (n_tiles + 1,), tile_ids int32 (M,)).
+
+    A splat can reach alpha >= alpha_min only where d^T conic d <= 2 ln(o / alpha_min); it goes
+    to every tile its axis-aligned box of that ellipse (plus half a pixel against round-off)
+    touches, so the tiled compositor reproduces the naive one. Each tile's run keeps the input
+    (depth) order because the sort by tile is stable.
+    """
+    dev = means2d.device
+    tx, ty = -(-width // TILE), -(-height // TILE)
+    with torch.no_grad():
+        m, c, o = means2d.double(), conics.double(), opacities.double()
+        a, b, cc = c.unbind(-1)
+        det = a * cc - b * b
+        q = 2.0 * torch.log(torch.clamp(o, min=1e-30) / alpha_min)
+        ok = (det > 0) & (a > 0) & (q > 0) & torch.isfinite(m).all(-1) & torch.isfinite(c).all(-1)
+        safe_det = torch.where(ok, det, torch.ones_like(det))
+        rx = torch.sqrt(torch.clamp(q * cc / safe_det, min=0)) + 0.5
+        ry = torch.sqrt(torch.clamp(q * a / safe_det, min=0)) + 0.5
+        # pixel x is touched when |x + 0.5 - u| <= rx
+        x0 = torch.floor((m[:, 0] - rx - 0.5) / TILE).clamp(0, tx - 1)
+        x1 = torch.floor((m[:, 0] + rx - 0.5) / TILE)
+        y0 = torch.floor((m[:, 1] - ry - 0.5) / TILE).clamp(0, ty - 1)
+        y1 = torch.floor((m[:, 1] + ry - 0.5) / TILE)
+        ok = ok & (x1 >= 0) & (y1 >= 0) & (m[:, 0] - rx - 0.5 < width) & (m[:, 1] - ry - 0.5 < height)
+        x1, y1 = x1.clamp(max=tx - 1), y1.clamp(max=ty - 1)
+        nx = torch.where(ok, x1 - x0 + 1, torch.zeros_like(x0)).clamp(min=0).long()
+        ny = torch.where(ok, y1 - y0 + 1, torch.zeros_like(y0)).clamp(min=0).long()
+        counts = nx * ny
+        sid = torch.repeat_interleave(torch.arange(means2d.shape[0], device=dev), counts)
+        first = torch.cumsum(counts, 0) - counts
+        k = torch.arange(sid.numel(), device=dev) - first[sid]
+        w = nx[sid]
+        tile = (y0.long()[sid] + k // w) * tx + (x0.long()[sid] + k % w)
+        tile_sorted, perm = torch.sort(tile, stable=True)
+        ids = sid[perm].to(torch.int32).contiguous()
+        offsets = torch.zeros(tx * ty + 1, dtype=torch.int64, device=dev)
+        offsets[1:] = torch.cumsum(torch.bincount(tile_sorted, minlength=tx * ty), 0)
+    return offsets, ids
+
+
+# ------------------------------------------------------------------------------------ reference
+
+def _reference_chunk(px, py, means2d, conics, colors, opacities, alpha_min, alpha_max, stop_T):
+    dx = px[:, None] - means2d[None, :, 0]
+    dy = py[:, None] - means2d[None, :, 1]
+    a, b, c = conics.unbind(-1)
+    power = -0.5 * (a * dx * dx + c * dy * dy) - b * dx * dy
+    raw = opacities * torch.exp(power)
+    alpha = torch.where((power <= 0) & (raw >= alpha_min), raw.clamp(max=alpha_max), torch.zeros_like(raw))
+    one_m = 1.0 - alpha
+    trans = torch.cumprod(one_m, dim=1)
+    before = torch.cat([torch.ones_like(trans[:, :1]), trans[:, :-1]], dim=1)
+    alive = before >= stop_T  # a pixel composites splat i only while it has not stopped before i
+    w = alpha * before * alive
+    rgb = w @ colors
+    final_T = torch.where(alive, one_m, torch.ones_like(one_m)).prod(dim=1)
+    return rgb, final_T
+
+
+def rasterize_reference(means2d, conics, colors, opacities, height, width, alpha_min=ALPHA_MIN,
+                        alpha_max=ALPHA_MAX, stop_T=STOP_T):
+    """Pure torch, every pixel against every splat, in pixel chunks (re-computed in backward, so its
+    memory stays bounded). Splats must be sorted near to far. -> (rgb (H, W, 3), T (H, W))."""
+    dev, dt = means2d.device, means2d.dtype
+    n = means2d.shape[0]
+    ys, xs = torch.meshgrid(torch.arange(height, device=dev, dtype=dt), torch.arange(width, device=dev, dtype=dt),
+                            indexing="ij")
+    px, py = xs.reshape(-1) + 0.5, ys.reshape(-1) + 0.5
+    if n == 0:
+        return torch.zeros(height, width, 3, device=dev, dtype=dt), torch.ones(height, width, device=dev, dtype=dt)
+    chunk = max(16, (1 << 22) // n)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (means2d, conics, colors, opacities))
+    rgbs, ts = [], []
+    for s in range(0, px.numel(), chunk):
+        args = (px[s:s + chunk], py[s:s + chunk], means2d, conics, colors, opacities, alpha_min, alpha_max, stop_T)
+        if grad:
+            r, t = torch.utils.checkpoint.checkpoint(_reference_chunk, *args, use_reentrant=False)
+        else:
+            r, t = _reference_chunk(*args)
+        rgbs.append(r)
+        ts.append(t)
+    return torch.cat(rgbs).reshape(height, width, 3), torch.cat(ts).reshape(height, width)
+
+
+# ------------------------------------------------------------------------------------ compiled
+
+class _RasterizeFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, means2d, conics, colors, opacities, height, width, method, tile_offsets, tile_ids, prm):
+        mod = load_extension(means2d.device.type)
+        if method == "naive":
+            rgb, trans, n = mod.naive_forward(means2d, conics, colors, opacities, height, width, *prm)
+        else:
+            rgb, trans, n = mod.tiled_forward(means2d, conics, colors, opacities, height, width, tile_offsets,
+                                              tile_ids, *prm)
+        ctx.save_for_backward(means2d, conics, colors, opacities, tile_offsets, tile_ids, trans, n)
+        ctx.args = (height, width, method, prm)
+        return rgb, trans
+
+    @staticmethod
+    def backward(ctx, g_rgb, g_trans):
+        means2d, conics, colors, opacities, tile_offsets, tile_ids, trans, n = ctx.saved_tensors
+        height, width, method, prm = ctx.args
+        g_rgb = torch.zeros(height, width, 3, dtype=means2d.dtype, device=means2d.device) if g_rgb is None \
+            else g_rgb.contiguous()
+        g_trans = torch.zeros(height, width, dtype=means2d.dtype, device=means2d.device) if g_trans is None \
+            else g_trans.contiguous()
+        mod = load_extension(means2d.device.type)
+        if method == "naive":
+            g = mod.naive_backward(means2d, conics, colors, opacities, height, width, *prm, trans, n, g_rgb, g_trans)
+        else:
+            g = mod.tiled_backward(means2d, conics, colors, opacities, height, width, tile_offsets, tile_ids, *prm,
+                                   trans, n, g_rgb, g_trans)
+        return g[:, 0:2], g[:, 2:5], g[:, 5:8], g[:, 8], None, None, None, None, None, None
+
+
+def rasterize(means2d: torch.Tensor, conics: torch.Tensor, colors: torch.Tensor, opacities: torch.Tensor,
+              height: int, width: int, background: torch.Tensor | float | None = None, *,
+              depths: torch.Tensor | None = None, method: str = "tiled", alpha_min: float = ALPHA_MIN,
+              alpha_max: float = ALPHA_MAX, stop_T: float = STOP_T):
+    """Composite 2D splats -> (rgb (H, W, 3), transmittance (H, W)).
+
+    `depths` (N,): sort near to far first (otherwise the input order is the depth order).
+    `background` (scalar or (3,)) fills the remaining transmittance. method: "tiled" (16x16
+    tiles, shared-memory batches), "naive" (seed 002: every pixel walks every splat) or
+    "reference" (pure torch).
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    height, width = int(height), int(width)
+    if height < 1 or width < 1:
+        raise ValueError(f"image size must be positive, got {width}x{height}")
+    n = means2d.shape[0]
+    if means2d.shape != (n, 2) or conics.shape != (n, 3) or colors.shape != (n, 3) or opacities.shape != (n,):
+        raise ValueError("expected means2d (N, 2), conics (N, 3), colors (N, 3), opacities (N,); got "
+                         f"{tuple(means2d.shape)}, {tuple(conics.shape)}, {tuple(colors.shape)}, "
+                         f"{tuple(opacities.shape)}")
+    if depths is not None:
+        order = torch.argsort(depths.detach())
+        means2d, conics, colors, opacities = means2d[order], conics[order], colors[order], opacities[order]
+    dt = means2d.dtype
+    conics, colors, opacities = conics.to(dt), colors.to(dt), opacities.to(dt)
+    if method == "reference":
+        rgb, trans = rasterize_reference(means2d, conics, colors, opacities, height, width, alpha_min, alpha_max,
+                                         stop_T)
+    else:
+        if dt not in (torch.float32, torch.float64):
+            raise ValueError(f"compiled compositors take float32 or float64, got {dt}")
+        prm = (float(alpha_min), float(alpha_max), float(stop_T))
+        if method == "tiled":
+            offsets, ids = tile_bins(means2d, conics, opacities, height, width, alpha_min)
+        else:
+            offsets = torch.zeros(1, dtype=torch.int64, device=means2d.device)
+            ids = torch.zeros(0, dtype=torch.int32, device=means2d.device)
+        rgb, trans = _RasterizeFn.apply(means2d.contiguous(), conics.contiguous(), colors.contiguous(),
+                                        opacities.contiguous(), height, width, method, offsets, ids, prm)
+    if background is not None:
+        bg = torch.as_tensor(background, dtype=rgb.dtype, device=rgb.device)
+        rgb = rgb + trans[..., None] * bg
+    return rgb, trans
+
+
+def n_tile_pairs(means2d, conics, opacities, height, width) -> int:
+    """How many (tile, splat) pairs the tiled compositor walks at most (for benchmarks)."""
+    return int(tile_bins(means2d, conics, opacities, height, width)[1].numel())
+
+
+__all__ = ["rasterize", "rasterize_reference", "tile_bins", "load_extension", "ALPHA_MIN", "ALPHA_MAX", "STOP_T",
+           "TILE", "n_tile_pairs"]
