@@ -42,6 +42,15 @@ def _resume(ctx, trainer: NerfTrainer) -> None:
     log.info("job %s: resumed from checkpoint step %s", ctx.job.id, trainer.step)
 
 
+def _report(ctx, step: int, steps: int, last: dict[str, float], force: bool = False) -> None:
+    if not last:
+        ctx.progress.report(step, steps, force=force)
+        return
+    ctx.progress.report(step, steps, loss=last["loss"], psnr=last["psnr"], force=force,
+                        rays_per_s=round(last["rays"] / max(last["seconds"], 1e-9), 1),
+                        samples_per_ray=round(last["samples_per_ray"], 2))
+
+
 def train(ctx) -> dict[str, Any]:
     config = ctx.config
     meta = read_meta(ctx.paths.dataset)
@@ -56,13 +65,11 @@ def train(ctx) -> dict[str, Any]:
     while trainer.step < steps and not (limit and trainer.train_s >= limit):
         ctx.raise_if_cancelled()
         last = trainer.train_step()
-        ctx.progress.report(trainer.step, steps, loss=last["loss"], psnr=last["psnr"],
-                            rays_per_s=round(last["rays"] / max(last["seconds"], 1e-9), 1),
-                            samples_per_ray=round(last["samples_per_ray"], 2))
+        _report(ctx, trainer.step, steps, last)
         if trainer.step < steps and (trainer.step % config["checkpoint_every"] == 0 or ctx.checkpoints.due()):
             ctx.checkpoints.save(trainer.step, *trainer.state())
     ctx.checkpoints.save(trainer.step, *trainer.state())
-    ctx.progress.report(trainer.step, steps, loss=last.get("loss"), psnr=last.get("psnr"), force=True)
+    _report(ctx, trainer.step, steps, last, force=True)
 
     ctx.raise_if_cancelled()
     test = Dataset(ctx.paths.dataset, "test", meta)
