@@ -12,6 +12,9 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
 # No GPU is visible during `docker build`, so the architectures to compile for are named here
 # (Ampere, Ada, Hopper, Blackwell; +PTX lets newer GPUs JIT from PTX).
 ARG TORCH_CUDA_ARCH_LIST="8.0;8.6;8.9;9.0;10.0;12.0+PTX"
+# --require-cuda: a torch wheel without CUDA (a wrong index URL) fails the build instead of
+# quietly shipping a CPU-only worker. The CPU variant passes "".
+ARG KERNELS_BUILD_ARGS="--require-cuda"
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
@@ -57,6 +60,6 @@ COPY docker/bin/ /usr/local/bin/
 # compile, only nvcc and TORCH_CUDA_ARCH_LIST). Every container of this image starts with them
 # built; their module names hash the sources, so a build always matches the code beside it.
 USER app
-RUN python -m kernels.build
+RUN python -m kernels.build ${KERNELS_BUILD_ARGS}
 
 CMD ["celery", "-A", "worker.app", "worker", "-Q", "train", "-c", "1", "--prefetch-multiplier=1"]
