@@ -20,6 +20,8 @@ from pathlib import Path
 CSRC = Path(__file__).resolve().parent / "csrc"
 CPU_SOURCES = ["cpu_ops.cpp"]
 CUDA_SOURCES = ["cuda_binding.cpp", "hash_grid.cu", "sh.cu", "composite.cu", "occupancy.cu", "marching.cu"]
+HEADERS = ["common.h", "hash_grid.h", "sh.h", "composite.h", "occupancy.h", "marching.h", "launchers.h",
+           "cuda_common.cuh"]
 
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}
@@ -36,11 +38,11 @@ def build_dir() -> Path:
 
 
 def _source_hash() -> str:
+    # Only this extension's files: other extensions living in csrc/ must not force a rebuild.
     h = hashlib.sha256()
-    for p in sorted(CSRC.iterdir()):
-        if p.suffix in {".h", ".cpp", ".cu"}:
-            h.update(p.name.encode())
-            h.update(p.read_bytes())
+    for name in sorted(set(CPU_SOURCES + CUDA_SOURCES + HEADERS)):
+        h.update(name.encode())
+        h.update((CSRC / name).read_bytes())
     return h.hexdigest()[:12]
 
 

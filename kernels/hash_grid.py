@@ -131,10 +131,8 @@ class HashGrid(nn.Module):
         self.backend = backend
         scales, res, offsets, hashed = level_layout(n_input_dims, n_levels, log2_hashmap_size, base_resolution,
                                                     per_level_scale)
-        self.register_buffer("scales", scales, persistent=False)
-        self.register_buffer("resolution", res, persistent=False)
-        self.register_buffer("offsets", offsets, persistent=False)
-        self.register_buffer("hashed", hashed, persistent=False)
+        # Plain CPU tensors, not buffers: kernels read them on the host, so .to("cuda") must not move them.
+        self.scales, self.resolution, self.offsets, self.hashed = scales, res, offsets, hashed
         self.params = nn.Parameter(torch.empty(int(offsets[-1]), n_features_per_level, dtype=dtype))
         self.reset_parameters()
 
@@ -152,7 +150,7 @@ class HashGrid(nn.Module):
         if x.dim() != 2 or x.shape[1] != self.n_input_dims:
             raise ValueError(f"HashGrid expects (N, {self.n_input_dims}) inputs, got {tuple(x.shape)}")
         x = x.to(self.params.dtype)
-        meta = (self.scales.cpu(), self.resolution.cpu(), self.offsets.cpu(), self.hashed.cpu())
+        meta = (self.scales, self.resolution, self.offsets, self.hashed)
         if backend == "reference":
             return hash_grid_reference(x, self.params, *meta)
         return _HashGridFn.apply(x.detach().contiguous(), self.params, *meta)

@@ -1,0 +1,79 @@
+"""Build (or load from cache) every compiled kernels backend this machine can run.
+
+    python -m kernels.build [--require-cuda]
+
+Used by the worker image at build time so that the first task does not pay for compilation.
+Prints one JSON line per backend and exits non-zero when the CPU build (or, with
+--require-cuda, the CUDA build) fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+
+def _smoke(device: str) -> None:
+    # One tiny call per op, so a module that builds but cannot run fails here rather than in a job.
+    import kernels
+
+    dev = torch.device(device)
+    g = kernels.HashGrid(3, 4, 2, 14, 16, finest_resolution=64).to(dev)
+    g(torch.rand(8, 3, device=dev)).sum().backward()
+    kernels.sh_encode(torch.nn.functional.normalize(torch.randn(8, 3, device=dev), dim=-1))
+    grid = kernels.OccupancyGrid([-1, -1, -1, 1, 1, 1], resolution=16).to(dev)
+    grid.binarize()
+    o = torch.tensor([[0.0, 0.0, -3.0]], device=dev)
+    s = kernels.march_rays(o, torch.tensor([[0.0, 0.0, 1.0]], device=dev), grid, render_step_size=0.1)
+    sig = torch.ones(s.n_samples, device=dev, requires_grad=True)
+    rgb = torch.full((s.n_samples, 3), 0.5, device=dev)
+    kernels.composite(sig, rgb, s.t_starts, s.t_ends, s.ray_indices, 1, offsets=s.offsets)[0].sum().backward()
+
+
+def _build(name: str, loader, device: str, smoke: bool = True) -> dict:
+    from kernels import _ext
+
+    t = time.perf_counter()
+    try:
+        mod = loader()
+        if smoke:
+            _smoke(device)
+    except Exception as exc:  # report, then let main decide the exit status
+        return {"backend": name, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                "seconds": round(time.perf_counter() - t, 1)}
+    return {"backend": name, "ok": True, "module": getattr(mod, "__file__", str(mod)), "build_dir": str(_ext.build_dir()),
+            "seconds": round(time.perf_counter() - t, 1)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--require-cuda", action="store_true", help="fail unless the CUDA extension builds too")
+    args = ap.parse_args(argv)
+    from kernels import _ext
+
+    status = 0
+    cpu = _build("cpu", _ext.load_cpu, "cpu")
+    print(json.dumps(cpu), flush=True)
+    if not cpu["ok"]:
+        status = 1
+    if torch.version.cuda is not None:
+        # `docker build` sees no GPU: compile anyway (set TORCH_CUDA_ARCH_LIST), smoke-test only
+        # where a device is visible.
+        cuda = _build("cuda", _ext.load_cuda, "cuda", smoke=torch.cuda.is_available())
+        cuda["smoke_tested"] = cuda["ok"] and torch.cuda.is_available()
+        print(json.dumps(cuda), flush=True)
+        if not cuda["ok"]:
+            status = 1
+    else:
+        print(json.dumps({"backend": "cuda", "ok": False, "skipped": "torch has no CUDA"}), flush=True)
+        if args.require_cuda:
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

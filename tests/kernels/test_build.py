@@ -1,0 +1,58 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_py(code_or_args, env_extra, tmp_path):
+    env = {**os.environ, "KERNELS_BUILD_DIR": str(tmp_path / "build"), **env_extra}
+    args = [sys.executable, *code_or_args]
+    return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_missing_compiler_is_named(tmp_path):
+    r = run_py(["-c", "import kernels._ext as e; e.load_cpu()"], {"CXX": "no-such-cxx-1234"}, tmp_path)
+    assert r.returncode != 0
+    assert "KernelBuildError" in r.stderr and "no-such-cxx-1234" in r.stderr
+
+
+def test_missing_ninja_is_named(tmp_path):
+    # A PATH with only python: neither ninja nor the compiler can be found.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    r = run_py(["-c", "import kernels._ext as e; e.load_cpu()"], {"PATH": str(bin_dir)}, tmp_path)
+    assert r.returncode != 0
+    assert "KernelBuildError" in r.stderr and "ninja" in r.stderr
+
+
+def test_compile_error_is_reported(tmp_path, monkeypatch):
+    from kernels import _ext
+
+    bad = tmp_path / "csrc"
+    bad.mkdir()
+    for name in _ext.CPU_SOURCES + _ext.CUDA_SOURCES + _ext.HEADERS:
+        (bad / name).write_text((_ext.CSRC / name).read_text())
+    (bad / "cpu_ops.cpp").write_text("#include \"does_not_exist.h\"\n")
+    monkeypatch.setattr(_ext, "CSRC", bad)
+    monkeypatch.setattr(_ext, "_loaded", {})
+    monkeypatch.setenv("KERNELS_BUILD_DIR", str(tmp_path / "build"))
+    with pytest.raises(_ext.KernelBuildError, match="does_not_exist.h"):
+        _ext.load_cpu()
+
+
+def test_build_entry_point(cpu_ext):
+    # Uses the real cache, so this is a load plus a smoke call of every op.
+    env = {k: v for k, v in os.environ.items() if k != "KERNELS_BUILD_DIR"}
+    r = subprocess.run([sys.executable, "-m", "kernels.build"], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    cpu = next(x for x in lines if x["backend"] == "cpu")
+    assert cpu["ok"] and Path(cpu["module"]).exists()
+    assert any(x["backend"] == "cuda" for x in lines)
