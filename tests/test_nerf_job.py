@@ -135,9 +135,14 @@ def test_look_at_camera_in_world_frame(fs_stack, trained):
 
 
 def test_second_render_reuses_the_cached_model(fs_stack, trained, scene):
-    body = {"width": 16, "height": 16, "camera": {"c2w": scene["test_c2w"][2]}}
+    # 96x96 is more rays than one render chunk: chunking must stitch the image together.
+    body = {"width": 96, "height": 96, "camera": {"c2w": scene["test_c2w"][2]}, "background": "black"}
     first = decode(render(fs_stack, trained["id"], body).content)
     second = decode(render(fs_stack, trained["id"], body).content)
+    assert second.size == (96, 96) and np.array_equal(np.asarray(first), np.asarray(second))
+    truth = gt_render(np.asarray(scene["test_c2w"][2]), 96, 96, fov_x_deg=FOV_X_DEG)["rgba"]
+    img = np.asarray(second.convert("RGB"), dtype=np.float64) / 255
+    assert psnr(img, truth[..., :3] * truth[..., 3:]) > 17  # on black
     assert first.text["nf-model-cache"] in ("hit", "miss")
     assert second.text["nf-model-cache"] == "hit"
     assert second.text["nf-checkpoint-step"] == str(CONFIG["steps"])

@@ -28,6 +28,7 @@ from worker.nerf.trainer import NerfTrainer, load_field_and_grid
 log = logging.getLogger(__name__)
 # A path may not ask for more than this many render-limit frames in total (time, memory).
 PATH_PIXEL_BUDGET_FRAMES = 64
+CURVE_FRAMES = 10
 
 
 # -- training --------------------------------------------------------------------------------
@@ -55,6 +56,7 @@ def train(ctx) -> dict[str, Any]:
     config = ctx.config
     meta = read_meta(ctx.paths.dataset)
     data = Dataset(ctx.paths.dataset, "train", meta)
+    test = Dataset(ctx.paths.dataset, "test", meta)
     trainer = NerfTrainer(config, meta, ctx.device, data)
     _resume(ctx, trainer)
     steps = config["steps"]
@@ -68,20 +70,30 @@ def train(ctx) -> dict[str, Any]:
         _report(ctx, trainer.step, steps, last)
         if trainer.step < steps and (trainer.step % config["checkpoint_every"] == 0 or ctx.checkpoints.due()):
             ctx.checkpoints.save(trainer.step, *trainer.state())
+            _curve_point(trainer, test)
     ctx.checkpoints.save(trainer.step, *trainer.state())
     _report(ctx, trainer.step, steps, last, force=True)
 
     ctx.raise_if_cancelled()
-    test = Dataset(ctx.paths.dataset, "test", meta)
     t0 = time.perf_counter()
     metrics, renders = evaluate(trainer, test, keep=config["n_test_renders"])
     names = _save_test_renders(ctx, test, renders)
+    trainer.curve.append({"step": trainer.step, "train_s": round(trainer.train_s, 2),
+                          "test_psnr": round(metrics["test_psnr"], 3)})
     metrics.update({
         "background_psnr": round(background_psnr(trainer, test), 3),
         "steps": trainer.step, "train_s": round(trainer.train_s, 3), "eval_s": round(time.perf_counter() - t0, 3),
-        "train_psnr": last.get("psnr"), "artifacts": names,
+        "train_psnr": last.get("psnr"), "artifacts": names, "curve": trainer.curve,
     })
     return metrics
+
+
+def _curve_point(trainer: NerfTrainer, test: Dataset) -> None:
+    """Test PSNR at each checkpoint (first CURVE_FRAMES test views; not counted in train_s):
+    how quality grows with training time, which the quality script compares across backends."""
+    m, _ = evaluate(trainer, test, limit=CURVE_FRAMES)
+    trainer.curve.append({"step": trainer.step, "train_s": round(trainer.train_s, 2),
+                          "test_psnr": round(m["test_psnr"], 3)})
 
 
 def _save_test_renders(ctx, test: Dataset, renders) -> list[str]:
@@ -137,7 +149,7 @@ def _render_one(model: _Model, c2w_world: np.ndarray, request: dict[str, Any], w
     fx, fy, cx, cy = intrinsics(request, width, height, model.camera)
     c2w = torch.tensor(normalize_c2w(c2w_world, model.normalization), dtype=torch.float32)
     o, d = image_rays(c2w, width, height, fx, fy, cx, cy)
-    bg = torch.tensor(_background(request, model), device=model.device).expand(o.shape[0], 3).contiguous()
+    bg = torch.tensor(_background(request, model), device=model.device)
     rgb, depth, alpha, _ = render_image(model.field, model.grid, o.to(model.device), d.to(model.device), bg,
                                         step=model.step_size, cone_angle=model.config["cone_angle"],
                                         max_samples=model.config["max_samples_per_ray"])

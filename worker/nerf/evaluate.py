@@ -25,7 +25,7 @@ def render_frame(trainer, data: Dataset, i: int) -> np.ndarray:
     o, d = data.frame_rays(i)
     dev = trainer.device
     rgb, _, _, _ = render_image(trainer.field, trainer.grid, o.to(dev), d.to(dev),
-                                trainer.eval_background.expand(o.shape[0], 3).contiguous(), step=trainer.step_size,
+                                trainer.eval_background, step=trainer.step_size,
                                 cone_angle=trainer.config["cone_angle"],
                                 max_samples=trainer.config["max_samples_per_ray"])
     return rgb.clamp(0, 1).reshape(f.h, f.w, 3).cpu().numpy()
@@ -35,18 +35,21 @@ def ground_truth(trainer, data: Dataset, i: int) -> np.ndarray:
     return composite_background(data.frame_rgba(i), trainer.eval_background.cpu()).numpy()
 
 
-def evaluate(trainer, data: Dataset, keep: int = 0) -> tuple[dict[str, float], list[tuple[int, np.ndarray]]]:
-    """Mean PSNR/SSIM over every frame of `data`, plus the first `keep` renders (index, HxWx3 float)."""
+def evaluate(trainer, data: Dataset, keep: int = 0, limit: int | None = None
+             ) -> tuple[dict[str, float], list[tuple[int, np.ndarray]]]:
+    """Mean PSNR/SSIM over the frames of `data` (the first `limit`), plus the first `keep` renders
+    (index, HxWx3 float)."""
     trainer.field.eval()
     psnrs, ssims, kept = [], [], []
-    for i in range(len(data)):
+    n = len(data) if limit is None else min(limit, len(data))
+    for i in range(n):
         pred = render_frame(trainer, data, i)
         gt = ground_truth(trainer, data, i)
         psnrs.append(psnr_np(pred, gt))
         ssims.append(ssim_np(pred, gt))
         if i < keep:
             kept.append((i, pred))
-    return {"test_psnr": float(np.mean(psnrs)), "test_ssim": float(np.mean(ssims)), "n_test": len(data)}, kept
+    return {"test_psnr": float(np.mean(psnrs)), "test_ssim": float(np.mean(ssims)), "n_test": n}, kept
 
 
 def background_psnr(trainer, data: Dataset) -> float:

@@ -95,8 +95,10 @@ def render_image(field, grid, rays_o, rays_d, background, *, step, cone_angle=0.
     opacity (N,), stats. Memory is bounded by the chunk, whatever the image size."""
     rgbs, depths, alphas = [], [], []
     stats = RenderStats()
+    per_ray = background.dim() == 2
     for i in range(0, rays_o.shape[0], chunk):
-        c, d, a, st = render_rays(field, grid, rays_o[i:i + chunk], rays_d[i:i + chunk], background, step=step,
+        bg = background[i:i + chunk] if per_ray else background
+        c, d, a, st = render_rays(field, grid, rays_o[i:i + chunk], rays_d[i:i + chunk], bg, step=step,
                                   cone_angle=cone_angle, max_samples=max_samples)
         rgbs.append(c)
         depths.append(torch.where(a > 1e-6, d / a.clamp_min(1e-6), torch.zeros_like(d)))

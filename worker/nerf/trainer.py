@@ -57,11 +57,16 @@ class NerfTrainer:
         self.train_s = 0.0  # training time over all runs, so a resumed job keeps its total
         self.eval_background = torch.tensor(background_rgb(config.get("background")), device=self.device)
         self.last = RenderStats()
+        self.curve: list[dict[str, float]] = []  # test PSNR over training time (filled by the job)
 
     # -- optimisation --------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
-        # Exponential decay from lr to lr * lr_final_factor over the planned steps.
-        frac = min(step / max(self.config["steps"], 1), 1.0)
+        # Exponential decay from lr to lr * lr_final_factor over the run: the planned steps, or
+        # the time limit when that ends the run first.
+        frac = step / max(self.config["steps"], 1)
+        if self.config.get("time_limit_s"):
+            frac = max(frac, self.train_s / self.config["time_limit_s"])
+        frac = min(frac, 1.0)
         return self.config["lr"] * self.config["lr_final_factor"] ** frac
 
     def _background(self, n: int) -> torch.Tensor:
@@ -123,7 +128,7 @@ class NerfTrainer:
         tensors["rng.torch"] = torch.get_rng_state()
         meta = {
             "kind": "nerf", "config": self.config, "step": self.step, "n_rays": self.n_rays,
-            "train_s": round(self.train_s, 3), "aabb_half": self.half, "step_size": self.step_size,
+            "train_s": round(self.train_s, 3), "curve": self.curve, "aabb_half": self.half, "step_size": self.step_size,
             "normalization": self.meta.get("normalization", {"scale": 1.0, "offset": [0.0, 0.0, 0.0]}),
             "grid": {"resolution": self.grid.resolution, "n_cascades": self.grid.n_cascades,
                      "n_updates": int(self.grid.n_updates)},
@@ -146,6 +151,7 @@ class NerfTrainer:
         self.step = int(meta["step"])
         self.n_rays = int(meta["n_rays"])
         self.train_s = float(meta.get("train_s", 0.0))
+        self.curve = list(meta.get("curve", []))
 
 
 def load_field_and_grid(field: NerfField, grid: OccupancyGrid, tensors: dict[str, torch.Tensor], device) -> None:
