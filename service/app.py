@@ -11,6 +11,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 import service.api.routes as routes_pkg
+from service.api.deps import V1_DEPENDENCIES
+from service.auth import KeyRing
+from service.ratelimit import TokenBucket
 from service.api.upload_limit import UploadLimitMiddleware
 from service.queue import TaskQueue, make_client
 from service.settings import Settings, get_settings
@@ -36,7 +39,9 @@ def _include_routes(app: FastAPI) -> None:
             continue
         router = getattr(module, "router", None)
         if router is not None:
-            app.include_router(router)
+            # Every /v1 route needs an API key, and a {job_id} must belong to it (service/auth.py).
+            private = any(getattr(r, "path", "").startswith("/v1") for r in router.routes)
+            app.include_router(router, dependencies=V1_DEPENDENCIES if private else None)
 
 
 def _readable(errors) -> tuple[str, list[dict]]:
@@ -63,6 +68,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.storage = storage
     app.state.store = JobStore(storage)
     app.state.queue = TaskQueue(make_client(settings), settings)
+    app.state.keys = KeyRing.from_settings(settings)
+    app.state.render_limit = TokenBucket(settings.render_rate_per_min, settings.render_burst)
+    if not len(app.state.keys):
+        log.warning("no API keys configured (API_KEYS / API_KEYS_FILE): every /v1 request will get 401")
+    else:
+        log.info("API keys loaded: %s", ", ".join(app.state.keys.names))
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_middleware(UploadLimitMiddleware, max_bytes=settings.max_upload_bytes)
     _include_routes(app)

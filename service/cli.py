@@ -1,7 +1,8 @@
 """Command-line client for the neural-field service. Talks HTTP only (httpx), never imports
 service internals, so it works against any deployment: `python -m service.cli --help`.
 
-The base URL comes from --url, else $NF_URL, else http://127.0.0.1:8000.
+The base URL comes from --url, else $NF_URL, else http://127.0.0.1:8000; the API key from
+--key, else $NF_API_KEY (sent as `Authorization: Bearer <key>`).
 """
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ def _detail(resp: httpx.Response) -> str:
 
 
 class Api:
-    def __init__(self, base_url: str, timeout: float = 120.0):
+    def __init__(self, base_url: str, timeout: float = 120.0, key: str | None = None):
         self.base_url = base_url.rstrip("/")
-        self.client = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(timeout, connect=10.0))
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.client = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(timeout, connect=10.0),
+                                   headers=headers)
 
     def request(self, method: str, path: str, **kw) -> httpx.Response:
         try:
@@ -366,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=argparse.SUPPRESS,
                         help=f"service base URL (env NF_URL; default {DEFAULT_URL})")
+    common.add_argument("--key", default=argparse.SUPPRESS,
+                        help="API key (env NF_API_KEY); prefer the env var, argv is visible to other users")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="print raw JSON instead of tables")
     common.add_argument("--http-timeout", type=float, default=argparse.SUPPRESS,
@@ -448,10 +453,10 @@ def main(argv: list[str] | None = None) -> int:
     # Filled in here, not with set_defaults: parents share action objects, so a default set
     # on the top parser would reach every subcommand and overwrite a flag given before it.
     for name, default in (("url", os.environ.get("NF_URL") or DEFAULT_URL), ("json", False),
-                          ("http_timeout", 120.0)):
+                          ("http_timeout", 120.0), ("key", os.environ.get("NF_API_KEY") or None)):
         if not hasattr(args, name):
             setattr(args, name, default)
-    api = Api(args.url, timeout=args.http_timeout)
+    api = Api(args.url, timeout=args.http_timeout, key=args.key)
     try:
         return args.fn(api, args)
     except CliError as exc:

@@ -12,7 +12,21 @@ import sys
 
 import uvicorn
 
-from service.settings import get_settings
+from service.auth import DEV_KEY
+from service.settings import Settings, get_settings
+
+
+def use_dev_key_if_none() -> bool:
+    """`make run` with no key configured gets the documented dev key (README), said loudly."""
+    probe = Settings()
+    if probe.api_keys or probe.api_keys_file:
+        return False
+    os.environ["API_KEYS"] = f"dev:{DEV_KEY}"
+    get_settings.cache_clear()
+    print(f"WARNING: no API_KEYS / API_KEYS_FILE set: using the development key {DEV_KEY!r} "
+          f"(send `Authorization: Bearer {DEV_KEY}`). Anyone who can reach this port can use it; "
+          f"set API_KEYS before exposing the service.", file=sys.stderr, flush=True)
+    return True
 
 
 def worker_command(queues: str = "train,render", concurrency: int = 2) -> list[str]:
@@ -22,6 +36,7 @@ def worker_command(queues: str = "train,render", concurrency: int = 2) -> list[s
 
 
 def main() -> int:
+    use_dev_key_if_none()
     settings = get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "DATA_DIR": str(settings.data_dir.resolve())}

@@ -21,6 +21,14 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(40_000_000, gt=0, description="width*height cap for uploaded photos")
     max_render_pixels: int = Field(4_194_304, gt=0, description="width*height cap for one rendered frame")
     render_timeout_s: float = Field(60.0, gt=0, description="how long the API waits for a render task")
+    max_path_frames: int = Field(360, gt=0, description="frames cap for one camera path render")
+    max_path_pixels: int = Field(100_000_000, gt=0, description="frames*width*height cap for one path render")
+
+    # API keys (service/auth.py): `token` or `name:token`, comma separated, and/or one per line in a file.
+    api_keys: str | None = Field(None, repr=False, description="bearer tokens; unset everywhere: /v1 answers 401")
+    api_keys_file: Path | None = Field(None, description="file with one `name:token` (or `token`) per line")
+    render_rate_per_min: float = Field(120.0, gt=0, description="render + path requests per key per minute")
+    render_burst: int = Field(30, ge=1, description="render + path requests a key may send at once")
 
     # Worker side.
     torch_threads: int = Field(2, ge=0, description="torch.set_num_threads in the worker; 0 = torch default")
@@ -33,7 +41,7 @@ class Settings(BaseSettings):
     broker_polling_interval_s: float = Field(0.2, gt=0, description="filesystem broker poll period")
     device: str | None = Field(None, description="torch device for the worker; default cuda if available")
 
-    @field_validator("redis_url")
+    @field_validator("redis_url", "api_keys", "api_keys_file", mode="before")
     @classmethod
     def _empty_is_unset(cls, v: str | None) -> str | None:
         return v or None

@@ -6,7 +6,7 @@ Use from any test file:
         stack = stack_factory()                     # filesystem broker, worker on train+render
         stack = stack_factory(redis_db=12)          # Redis 127.0.0.1:6379/12, flushed (skips if no Redis)
         stack = stack_factory(queues=None)          # API only; stack.start_worker(...) later
-        r = stack.client.post("/v1/jobs", files=..., data=...)
+        r = stack.client.post("/v1/jobs", files=..., data=...)   # sends the stack's API key
         job = stack.wait_status(job_id, "succeeded")
 
     def test_y(fs_stack): ...                       # one shared filesystem stack per test module
@@ -36,6 +36,13 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Every stack is configured with this API key (API_KEYS) and `stack.client` sends it; tests of
+# other keys pass env={"API_KEYS": ...} and build their own clients with `auth_headers(token)`.
+TEST_KEY = "test-key-0123456789"
+
+
+def auth_headers(token: str = TEST_KEY) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 
 
@@ -88,9 +95,15 @@ class Stack:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def headers(self) -> dict[str, str]:
+        """The Authorization header for the stack's first configured key."""
+        first = (self.env.get("API_KEYS") or "").split(",")[0].strip()
+        return auth_headers(first.split(":", 1)[-1]) if first else {}
+
+    @property
     def client(self) -> httpx.Client:
         if self._client is None:
-            self._client = httpx.Client(base_url=self.base_url, timeout=60)
+            self._client = httpx.Client(base_url=self.base_url, timeout=60, headers=self.headers)
         return self._client
 
     # -- processes ---------------------------------------------------------------------
@@ -198,7 +211,8 @@ def stack_maker(tmp_path_factory) -> Iterator:
         log_dir.mkdir()
         full_env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
         full_env.update({"DATA_DIR": str(data_dir), "TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                         "BROKER_POLLING_INTERVAL_S": "0.1"})
+                         "BROKER_POLLING_INTERVAL_S": "0.1", "API_KEYS": f"test:{TEST_KEY}"})
+        full_env.pop("API_KEYS_FILE", None)
         if redis_db is not None:
             full_env["REDIS_URL"] = redis_url_or_skip(redis_db)
         full_env.update(env or {})

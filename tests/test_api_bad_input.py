@@ -99,7 +99,7 @@ def test_oversize_upload_without_content_length(api):
         yield b"\r\n--" + boundary + b"--\r\n"
 
     r = httpx.post(api.base_url + "/v1/jobs", content=body(), timeout=60,
-                   headers={"content-type": "multipart/form-data; boundary=xyzBOUNDARY"})
+                   headers={"content-type": "multipart/form-data; boundary=xyzBOUNDARY", **api.headers})
     assert r.status_code == 413, r.text
     assert "MAX_UPLOAD_MB" in r.json()["detail"]
     assert api.job_dirs() == [] and _queued_messages(api) == []
@@ -169,6 +169,7 @@ def test_client_disconnect_mid_upload_leaves_nothing(api):
     body = head + png_bytes(64, 64)
     with socket.create_connection(("127.0.0.1", api.port)) as s:
         s.sendall((f"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body) + 10_000}\r\n"
+                   f"Authorization: {api.headers['Authorization']}\r\n"
                    f"Content-Type: multipart/form-data; boundary={boundary}\r\n\r\n").encode() + body)
         deadline = time.monotonic() + 5
         while not api.job_dirs() and time.monotonic() < deadline:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import REPO, Stack, free_port, png_bytes
+from tests.conftest import REPO, TEST_KEY, Stack, free_port, png_bytes
 
 
 def test_probes_and_openapi(stack_factory):
@@ -36,7 +36,7 @@ def test_broker_down_means_not_ready_and_nothing_kept(tmp_path):
     (tmp_path / "logs").mkdir()
     import os
 
-    env = {**os.environ, "DATA_DIR": str(tmp_path / "data"), "REDIS_URL": dead}
+    env = {**os.environ, "DATA_DIR": str(tmp_path / "data"), "REDIS_URL": dead, "API_KEYS": f"test:{TEST_KEY}"}
     stack = Stack(data_dir=tmp_path / "data", log_dir=tmp_path / "logs", env=env, port=free_port())
     try:
         stack.start_api(ready_path="/healthz")

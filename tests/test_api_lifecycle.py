@@ -74,7 +74,7 @@ def test_upload_train_render(stack_factory, broker):
     sizes = [(8 + i, 5 + i) for i in range(6)]
     with ThreadPoolExecutor(len(sizes)) as pool:
         shots = list(pool.map(lambda wh: _png(httpx.post(f"{stack.base_url}/v1/jobs/{job_id}/render", timeout=60,
-                                                         json={"width": wh[0], "height": wh[1]})), sizes))
+                                                         headers=stack.headers, json={"width": wh[0], "height": wh[1]})), sizes))
     assert [s.shape[:2] for s in shots] == [(h_, w_) for w_, h_ in sizes]
 
     # Events: ids 1..n, queued → running → succeeded, progress at least once a second.

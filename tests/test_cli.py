@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import REPO, free_port, png_bytes
+from tests.conftest import REPO, TEST_KEY, free_port, png_bytes
 
 TRAIN = {"steps": 300, "resolution": 32}
 
 
 def nf(*args: str, url: str | None, timeout: float = 180) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "NF_URL"}
+    env["NF_API_KEY"] = TEST_KEY
     if url is not None:
         env["NF_URL"] = url
     return subprocess.run([sys.executable, "-m", "service.cli", *args], cwd=REPO, env=env,

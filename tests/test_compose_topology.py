@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from compose_local import REPO, LocalTopology, free_port, load_compose
+from tests.conftest import TEST_KEY, auth_headers
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
 ARTIFACTS = REPO / "test-artifacts" / "compose-topology"
@@ -65,11 +66,11 @@ class Stack:
         self.compose = load_compose(COMPOSE_FILE, env={})
         base_env = {k: v for k, v in os.environ.items() if k not in _settings_env_names()}
         # Reach the services through the compose file's bare (forwarded) settings.
-        base_env.update(RENDER_TIMEOUT_S=str(RENDER_TIMEOUT_S), TORCH_THREADS="1")
+        base_env.update(RENDER_TIMEOUT_S=str(RENDER_TIMEOUT_S), TORCH_THREADS="1", API_KEYS=f"test:{TEST_KEY}")
         self.topology = LocalTopology(self.compose, tmp, {"redis": self.redis_port, "api": self.api_port},
                                       base_env=base_env)
         self.services = {}
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.api_port}", timeout=30)
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.api_port}", timeout=30, headers=auth_headers())
 
     def start(self, name: str):
         svc = self.topology.service(name)

@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import REPO, png_bytes
+from tests.conftest import REPO, TEST_KEY, png_bytes
+
+# What the page's API key field stores (service/static/js/api.js), set before the page loads.
+KEY_INIT = f"localStorage.setItem('nf.apiKey', {TEST_KEY!r})"
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = REPO / "test-artifacts"
@@ -39,6 +42,7 @@ def browser():
 @pytest.fixture
 def page(browser, fs_stack):
     ctx = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=fs_stack.base_url)
+    ctx.add_init_script(KEY_INIT)
     pg = ctx.new_page()
     pg.errors = []
     pg.on("pageerror", lambda exc: pg.errors.append(str(exc)))

@@ -21,7 +21,7 @@ from PIL import Image
 
 from api_schemas.render import PathRequest, RenderRequest
 
-from tests.test_web import ARTIFACTS, CHROMIUM, FLAGS, sync_api  # noqa: F401  (skips like test_web)
+from tests.test_web import ARTIFACTS, CHROMIUM, FLAGS, KEY_INIT, sync_api  # noqa: F401  (skips like test_web)
 
 JOB_ID = str(uuid.uuid4())
 NOW = datetime.now(timezone.utc).isoformat()
@@ -57,6 +57,7 @@ def viewer_page(stack_factory):
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         ctx = browser.new_context(viewport={"width": 1280, "height": 1000}, base_url=api_only.base_url)
+        ctx.add_init_script(KEY_INIT)
         page = ctx.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))

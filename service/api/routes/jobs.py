@@ -13,7 +13,8 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
 from api_schemas.jobs import Job, JobKind, JobList, JobStatus
-from service.api.deps import get_queue, get_settings_dep, get_storage, get_store, job_id_param, load_job
+from service.api.deps import current_key, get_queue, get_settings_dep, get_storage, get_store, job_id_param, load_job
+from service.auth import ApiKey, owns, record_owner
 from service.intake import IntakeError
 from service.api.multipart import boundary_of, read_form
 from service.intake.registry import KINDS, available_kinds, get_kind
@@ -89,6 +90,7 @@ async def create_job(
     storage: LocalStorage = Depends(get_storage),
     store: JobStore = Depends(get_store),
     queue: TaskQueue = Depends(get_queue),
+    key: ApiKey = Depends(current_key),
 ) -> Job:
     try:
         boundary_of(request)
@@ -96,6 +98,7 @@ async def create_job(
         raise HTTPException(exc.status_code, exc.detail) from None
     job_id, paths = storage.new_job_dir()
     try:
+        record_owner(paths, key)  # before job.json exists, so the job is never visible ownerless
         paths.upload.mkdir()
         form = await read_form(request, lambda _field, name: paths.upload / _safe_name(name),
                                settings.max_upload_bytes)
@@ -135,9 +138,12 @@ def list_jobs(
     status: JobStatus | None = None,
     kind: JobKind | None = None,
     store: JobStore = Depends(get_store),
+    storage: LocalStorage = Depends(get_storage),
+    key: ApiKey = Depends(current_key),
 ) -> JobList:
-    items, total = store.list(limit=limit, offset=offset, status=status, kind=kind)
-    return JobList(items=items, total=total, limit=limit, offset=offset)
+    everything, _ = store.list(limit=1 << 62, offset=0, status=status, kind=kind)
+    mine = [j for j in everything if owns(storage.paths(j.id), key)]
+    return JobList(items=mine[offset:offset + limit], total=len(mine), limit=limit, offset=offset)
 
 
 @router.get("/{job_id}", response_model=Job, summary="Job status, progress and metrics")

@@ -25,8 +25,26 @@ async function failure(resp) {
   return new ApiError(resp.status, message);
 }
 
+// The API key lives in localStorage (set from the header field) and goes out as a bearer token.
+const KEY_STORAGE = "nf.apiKey";
+
+export function apiKey() {
+  try { return localStorage.getItem(KEY_STORAGE) || ""; } catch (_) { return ""; }
+}
+
+export function setApiKey(key) {
+  try {
+    if (key) localStorage.setItem(KEY_STORAGE, key); else localStorage.removeItem(KEY_STORAGE);
+  } catch (_) { /* storage disabled: the key lasts for this page only */ }
+}
+
+export function authHeaders() {
+  const key = apiKey();
+  return key ? { Authorization: `Bearer ${key}` } : {};
+}
+
 async function request(method, path, { json, form, signal } = {}) {
-  const init = { method, signal, headers: {} };
+  const init = { method, signal, headers: authHeaders() };
   if (json !== undefined) {
     init.body = JSON.stringify(json);
     init.headers["Content-Type"] = "application/json";
@@ -45,6 +63,17 @@ async function request(method, path, { json, form, signal } = {}) {
 }
 
 export const jobUrl = (id, suffix = "") => `/v1/jobs/${encodeURIComponent(id)}${suffix}`;
+
+// EventSource cannot send headers; the events route alone accepts the key as ?access_token=.
+export function eventsUrl(id) {
+  const key = apiKey();
+  return jobUrl(id, "/events") + (key ? `?access_token=${encodeURIComponent(key)}` : "");
+}
+
+// A file behind the API key as a Blob (links cannot send the Authorization header).
+export async function download(url) {
+  return (await request("GET", url)).blob();
+}
 
 export async function listJobs(limit = 50) {
   return (await request("GET", `/v1/jobs?limit=${limit}`)).json();
@@ -92,7 +121,7 @@ export async function ready() {
 export async function available(url) {
   const ctrl = new AbortController();
   try {
-    const resp = await fetch(url, { signal: ctrl.signal });
+    const resp = await fetch(url, { signal: ctrl.signal, headers: authHeaders() });
     return resp.ok;
   } catch (_) {
     return false;

@@ -146,7 +146,19 @@ async function offerCheckpoint(job) {
   const url = api.jobUrl(job.id, "/checkpoint");
   const link = $("d-checkpoint"), msg = $("d-checkpoint-msg");
   if (await api.available(url)) {
-    link.href = url;
+    // Fetched on click with the key, then handed to the browser as a blob URL.
+    link.href = "#";
+    link.onclick = async (ev) => {
+      ev.preventDefault();
+      try {
+        const blobUrl = URL.createObjectURL(await api.download(url));
+        const a = el("a", { href: blobUrl, download: `${job.id}.safetensors` });
+        a.click();
+        setTimeout(() => URL.revokeObjectURL(blobUrl), 60000);
+      } catch (err) {
+        msg.textContent = `download failed: ${err.message}`;
+      }
+    };
     link.setAttribute("download", `${job.id}.safetensors`);
     link.hidden = false;
     msg.textContent = "";
@@ -159,7 +171,7 @@ async function offerCheckpoint(job) {
 function openStream(id) {
   // EventSource resends Last-Event-ID itself when it reconnects after a network drop;
   // after `end` the server has nothing more, so the source is closed for good.
-  const source = new EventSource(api.jobUrl(id, "/events"));
+  const source = new EventSource(api.eventsUrl(id));
   const mine = () => detail && detail.id === id;
   source.addEventListener("progress", (ev) => {
     if (!mine()) return;
@@ -240,6 +252,17 @@ async function health() {
   }
 }
 
+function setupKey() {
+  const input = $("api-key");
+  input.value = api.apiKey();
+  input.addEventListener("change", () => {
+    api.setApiKey(input.value.trim());
+    closeDetail();
+    refreshList();
+  });
+}
+
+setupKey();
 setupUpload();
 setupDetail();
 health();

@@ -1,0 +1,128 @@
+"""API keys: bearer tokens from API_KEYS / API_KEYS_FILE, and which key owns which job.
+
+A key is `token` or `name:token`. A job records its owner as the key's id, a hash of the
+token (never the token), in `<job>/owner`; any other key is told the job does not exist (404),
+so job ids leak nothing across keys. Tokens are compared as SHA-256 digests with
+hmac.compare_digest against every configured key (no early exit), and never logged: only
+key names and ids appear in logs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from service.storage import JobPaths, atomic_write_bytes
+
+log = logging.getLogger(__name__)
+
+# Only ever used by `make run` (service/embedded.py) when no key is configured; printed there.
+DEV_KEY = "nf-dev-key"
+MIN_TOKEN_CHARS = 8
+
+
+class KeyConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    id: str  # what job folders record as their owner
+    name: str  # for logs and the UI; not secret
+
+    def __repr__(self) -> str:  # never show anything derived from the token but the id
+        return f"ApiKey(name={self.name!r}, id={self.id!r})"
+
+
+def key_id(token: str) -> str:
+    return "k-" + hashlib.sha256(token.encode()).hexdigest()[:24]
+
+
+def _parse_entries(entries: Iterable[str], source: str) -> list[tuple[str | None, str]]:
+    out = []
+    for n, raw in enumerate(entries, 1):
+        entry = raw.strip()
+        if not entry or entry.startswith("#"):
+            continue
+        name, sep, token = entry.partition(":")
+        if not sep:
+            name, token = None, entry
+        name, token = (name.strip() or None) if name else None, token.strip()
+        if len(token) < MIN_TOKEN_CHARS:
+            # The message names the entry's position only: the value may be a real token.
+            raise KeyConfigError(f"{source} entry {n}: a token needs at least {MIN_TOKEN_CHARS} characters")
+        out.append((name, token))
+    return out
+
+
+class KeyRing:
+    def __init__(self, pairs: Iterable[tuple[str | None, str]]):
+        self._keys: list[tuple[bytes, ApiKey]] = []
+        for name, token in pairs:
+            kid = key_id(token)
+            self._keys.append((hashlib.sha256(token.encode()).digest(), ApiKey(kid, name or kid)))
+
+    @classmethod
+    def from_settings(cls, settings) -> "KeyRing":
+        pairs: list[tuple[str | None, str]] = []
+        if settings.api_keys:
+            pairs += _parse_entries(settings.api_keys.split(","), "API_KEYS")
+        if settings.api_keys_file:
+            path = Path(settings.api_keys_file)
+            try:
+                text = path.read_text()
+            except OSError as exc:
+                raise KeyConfigError(f"API_KEYS_FILE {path}: {exc.strerror or exc}") from None
+            pairs += _parse_entries(text.splitlines(), f"API_KEYS_FILE {path}")
+        return cls(pairs)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    @property
+    def names(self) -> list[str]:
+        return [k.name for _, k in self._keys]
+
+    def match(self, token: str | None) -> ApiKey | None:
+        if not token:
+            return None
+        digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+        found = None
+        for stored, key in self._keys:
+            if hmac.compare_digest(digest, stored):
+                found = key
+        return found
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+# -- ownership -------------------------------------------------------------------------------
+OWNER_FILE = "owner"
+
+
+def record_owner(paths: JobPaths, key: ApiKey) -> None:
+    atomic_write_bytes(paths.root / OWNER_FILE, key.id.encode())
+
+
+def owner_of(paths: JobPaths) -> str | None:
+    try:
+        return (paths.root / OWNER_FILE).read_text().strip() or None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def owns(paths: JobPaths, key: ApiKey) -> bool:
+    owner = owner_of(paths)
+    # A job without an owner file (made before keys existed) belongs to nobody.
+    return owner is not None and hmac.compare_digest(owner.encode(), key.id.encode())
