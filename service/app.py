@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 
 import service.api.routes as routes_pkg
 from service.api.deps import V1_DEPENDENCIES
-from service.auth import KeyRing
+from service.auth import KeyRing, install_log_redaction
 from service.ratelimit import TokenBucket
 from service.api.upload_limit import UploadLimitMiddleware
 from service.queue import TaskQueue, make_client
@@ -69,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.store = JobStore(storage)
     app.state.queue = TaskQueue(make_client(settings), settings)
     app.state.keys = KeyRing.from_settings(settings)
+    install_log_redaction()
     app.state.render_limit = TokenBucket(settings.render_rate_per_min, settings.render_burst)
     if not len(app.state.keys):
         log.warning("no API keys configured (API_KEYS / API_KEYS_FILE): every /v1 request will get 401")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -126,3 +127,25 @@ def owns(paths: JobPaths, key: ApiKey) -> bool:
     owner = owner_of(paths)
     # A job without an owner file (made before keys existed) belongs to nobody.
     return owner is not None and hmac.compare_digest(owner.encode(), key.id.encode())
+
+
+# -- logs ------------------------------------------------------------------------------------
+_TOKEN_IN_URL = re.compile(r"(access_token=)[^&\s\"]*", re.IGNORECASE)
+
+
+class RedactTokens(logging.Filter):
+    """Uvicorn's access log prints full URLs; the event stream's ?access_token= must not reach it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_TOKEN_IN_URL.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args)
+        if isinstance(record.msg, str):
+            record.msg = _TOKEN_IN_URL.sub(r"\1***", record.msg)
+        return True
+
+
+def install_log_redaction() -> None:
+    for name in ("uvicorn.access", "uvicorn.error", "uvicorn"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactTokens) for f in logger.filters):
+            logger.addFilter(RedactTokens())
