@@ -58,16 +58,17 @@ def get_artifact(job_id: str, name: str, store: JobStore = Depends(get_store),
     return FileResponse(path, media_type=media, filename=name)
 
 
-def _latest(folder: Path) -> int | None:
+def _candidates(folder: Path) -> list[int]:
+    """Steps to offer, best first: the `latest` pointer, then the others newest first."""
+    if not folder.is_dir():
+        return []
+    steps = sorted((int(m.group(1)) for p in folder.iterdir() if (m := STEP_RE.match(p.name))), reverse=True)
     try:
-        step = int((folder / "latest").read_text().strip())
-        if (folder / f"step-{step}.safetensors").is_file() and (folder / f"step-{step}.json").is_file():
-            return step
+        first = int((folder / "latest").read_text().strip())
     except (OSError, ValueError):
-        pass
-    steps = sorted((int(m.group(1)) for p in folder.iterdir() if (m := STEP_RE.match(p.name))), reverse=True) \
-        if folder.is_dir() else []
-    return next((s for s in steps if (folder / f"step-{s}.json").is_file()), None)
+        first = None
+    order = ([first] if first in steps else []) + [s for s in steps if s != first]
+    return [s for s in order if (folder / f"step-{s}.json").is_file()]
 
 
 def _with_metadata(tensors, meta_text: str) -> tuple[bytes, int]:
@@ -76,7 +77,20 @@ def _with_metadata(tensors, meta_text: str) -> tuple[bytes, int]:
     if len(head) != 8:
         raise ValueError("truncated safetensors file")
     (n,) = struct.unpack("<Q", head)
-    header = json.loads(tensors.read(n))
+    if n > 100 << 20:
+        raise ValueError("implausible safetensors header size")
+    raw = tensors.read(n)
+    if len(raw) != n:
+        raise ValueError("truncated safetensors header")
+    header = json.loads(raw)
+    if not isinstance(header, dict):
+        raise ValueError("safetensors header is not an object")
+    # Every tensor's bytes must be in the file: a file cut short after the header is torn too.
+    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    size = tensors.seek(0, 2)
+    if size < 8 + n + end:
+        raise ValueError("truncated safetensors data")
+    tensors.seek(8 + n)
     header["__metadata__"] = {**header.get("__metadata__", {}), "nf_meta": meta_text}
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # keep the tensor data 8-byte aligned
@@ -89,20 +103,25 @@ def _with_metadata(tensors, meta_text: str) -> tuple[bytes, int]:
 def get_checkpoint(job_id: str, store: JobStore = Depends(get_store), storage: LocalStorage = Depends(get_storage)):
     job = load_job(store, job_id)
     folder = storage.paths(job.id).checkpoints
-    step = _latest(folder)
-    if step is None:
-        raise HTTPException(404, f"job {job.id} has no checkpoint yet")
-    # Open both now: training may prune this step while the download streams (the open file stays readable).
-    try:
-        meta_text = (folder / f"step-{step}.json").read_text()
-        fh = open(folder / f"step-{step}.safetensors", "rb")
-    except OSError:
-        raise HTTPException(404, f"job {job.id}'s checkpoint step {step} went away; retry") from None
-    try:
-        header, data_start = _with_metadata(fh, meta_text)
-    except (ValueError, json.JSONDecodeError):
-        fh.close()
-        raise HTTPException(500, f"checkpoint step {step} is unreadable") from None
+    opened = None
+    # A torn or truncated file (crash mid-write, full disk) is skipped for the previous step, as
+    # the worker's loader does. Open both now: training may prune a step while it streams.
+    for step in _candidates(folder):
+        try:
+            meta_text = (folder / f"step-{step}.json").read_text()
+            fh = open(folder / f"step-{step}.safetensors", "rb")
+        except OSError:
+            continue
+        try:
+            header, data_start = _with_metadata(fh, meta_text)
+        except (ValueError, KeyError, TypeError, IndexError, struct.error):
+            fh.close()
+            continue
+        opened = step, meta_text, fh, header, data_start
+        break
+    if opened is None:
+        raise HTTPException(404, f"job {job.id} has no readable checkpoint yet")
+    step, meta_text, fh, header, data_start = opened
     size = fh.seek(0, 2)
 
     def body() -> Iterator[bytes]:
