@@ -78,6 +78,8 @@ def train(ctx) -> dict[str, Any]:
     t0 = time.perf_counter()
     metrics, renders = evaluate(trainer, test, keep=config["n_test_renders"])
     names = _save_test_renders(ctx, test, renders)
+    if trainer.curve and trainer.curve[-1]["step"] == trainer.step:
+        trainer.curve.pop()  # the last checkpoint's point, measured on fewer frames
     trainer.curve.append({"step": trainer.step, "train_s": round(trainer.train_s, 2),
                           "test_psnr": round(metrics["test_psnr"], 3)})
     metrics.update({
