@@ -41,7 +41,13 @@ def _include_routes(app: FastAPI) -> None:
         if router is not None:
             # Every /v1 route needs an API key, and a {job_id} must belong to it (service/auth.py).
             private = any(getattr(r, "path", "").startswith("/v1") for r in router.routes)
-            app.include_router(router, dependencies=V1_DEPENDENCIES if private else None)
+            app.include_router(router, dependencies=V1_DEPENDENCIES if private else None,
+                               responses=V1_RESPONSES if private else None)
+
+
+V1_RESPONSES = {400: {"description": "a body that is not valid JSON / multipart"},
+                401: {"description": "no API key, or not a configured one (WWW-Authenticate: Bearer)"},
+                404: {"description": "no such job for this API key (another key's job looks the same)"}}
 
 
 def _readable(errors) -> tuple[str, list[dict]]:
@@ -57,6 +63,24 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     # One readable string in `detail`, like every other error here; the list stays in `errors`.
     detail, errors = _readable(exc.errors())
     return JSONResponse({"detail": detail, "errors": errors}, status_code=422)
+
+
+def _error_schema(app: FastAPI):
+    """The OpenAPI document, with 422 bodies as they really are (see _validation_error)."""
+    base = FastAPI.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            spec = base(app)
+            spec.setdefault("components", {}).setdefault("schemas", {})["HTTPValidationError"] = {
+                "title": "HTTPValidationError", "type": "object", "required": ["detail"],
+                "properties": {"detail": {"type": "string", "description": "readable summary"},
+                               "errors": {"type": "array", "items": {"type": "object"},
+                                          "description": "one entry per problem: loc, msg, type"}}}
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    return openapi
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -79,6 +103,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(UploadLimitMiddleware, max_bytes=settings.max_upload_bytes)
     _include_routes(app)
     mount_web(app)
+    app.openapi = _error_schema(app)
     return app
 
 

@@ -151,7 +151,8 @@ def get_job(job_id: str, store: JobStore = Depends(get_store)) -> Job:
     return load_job(store, job_id)
 
 
-@router.post("/{job_id}/cancel", response_model=Job, summary="Cancel a queued or running job")
+@router.post("/{job_id}/cancel", response_model=Job, summary="Cancel a queued or running job",
+             responses={409: {"description": "the job has already ended"}})
 def cancel_job(job_id: str, store: JobStore = Depends(get_store), storage: LocalStorage = Depends(get_storage),
                queue: TaskQueue = Depends(get_queue)) -> Job:
     job = load_job(store, job_id)
@@ -170,7 +171,8 @@ def cancel_job(job_id: str, store: JobStore = Depends(get_store), storage: Local
     return job
 
 
-@router.delete("/{job_id}", status_code=204, summary="Delete a finished job and its files")
+@router.delete("/{job_id}", status_code=204, summary="Delete a finished job and its files",
+               responses={409: {"description": "the job is still queued or running"}})
 def delete_job(job_id: str, store: JobStore = Depends(get_store), storage: LocalStorage = Depends(get_storage)):
     job = load_job(store, job_id)
     if not job.status.terminal:

@@ -16,6 +16,9 @@ from service.settings import Settings
 from service.store import JobStore
 
 router = APIRouter(prefix="/v1/jobs", tags=["render"])
+RENDER_ERRORS = {409: {"description": "the job has not succeeded (yet)"},
+                 429: {"description": "render rate limit for this key (Retry-After says when)"},
+                 504: {"description": "the render did not finish within RENDER_TIMEOUT_S"}}
 
 
 def _run(queue: TaskQueue, job_id: str, body: dict, path: bool) -> Response:
@@ -59,7 +62,7 @@ def _check(store: JobStore, settings: Settings, job_id: str, width: int, height:
 @router.post("/{job_id}/render", response_class=Response, summary="Render one frame",
              dependencies=[Depends(rate_limited)],
              responses={200: {"content": {"image/png": {}, "image/jpeg": {}}, "description": "the frame"},
-                        429: {"description": "render rate limit for this key (Retry-After says when)"}})
+                        **RENDER_ERRORS})
 def render(job_id: str, req: RenderRequest, store: JobStore = Depends(get_store),
            settings: Settings = Depends(get_settings_dep), queue: TaskQueue = Depends(get_queue)) -> Response:
     job = _check(store, settings, job_id, req.width, req.height)
@@ -69,7 +72,7 @@ def render(job_id: str, req: RenderRequest, store: JobStore = Depends(get_store)
 @router.post("/{job_id}/render/path", response_class=Response, summary="Render frames along a camera path",
              dependencies=[Depends(rate_limited)],
              responses={200: {"content": {"image/webp": {}, "application/zip": {}}},
-                        429: {"description": "render rate limit for this key (Retry-After says when)"}})
+                        **RENDER_ERRORS})
 def render_path(job_id: str, req: PathRequest, store: JobStore = Depends(get_store),
                 settings: Settings = Depends(get_settings_dep), queue: TaskQueue = Depends(get_queue)) -> Response:
     job = _check(store, settings, job_id, req.width, req.height, req.frames)
