@@ -141,8 +141,8 @@ class OccupancyGrid(nn.Module):
                decay: float = 0.95, threshold: float = MIN_OPTICAL_THICKNESS, chunk: int = 2**18) -> None:
         """One EMA update: density = max(density * decay, new samples) over every cell, then binarize.
 
-        Warmup samples every cell; afterwards a quarter of the cells at random plus a quarter of
-        the occupied ones (instant-ngp). density_fn maps (N, 3) world points to sigma (N,) or (N, 1).
+        Warmup samples every cell; afterwards a quarter of the cells at random plus a quarter drawn
+        from the currently occupied ones (instant-ngp). density_fn maps (N, 3) world points to sigma (N,) or (N, 1).
         """
         dev = self.density.device
         fresh = torch.zeros_like(self.density)
@@ -152,7 +152,9 @@ class OccupancyGrid(nn.Module):
             else:
                 k = self.n_cells // 4
                 uniform = torch.randint(0, self.n_cells, (k,), device=dev)
-                occ = (self.density[c] > 0).nonzero().squeeze(1)
+                # "Occupied" as the current bitfield says (density > min(threshold, mean)).
+                layout = bitfield_layout(self.resolution)
+                occ = _unpack(self.bits[c, : layout[1]], self.n_cells).nonzero().squeeze(1)
                 picked = occ[torch.randint(0, occ.numel(), (k,), device=dev)] if occ.numel() else occ
                 cells = torch.cat([uniform, picked])
             step = self.step_size * 2.0**c
