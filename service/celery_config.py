@@ -46,6 +46,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
+        # How long a pool process that died is waited on before its task counts as lost and is
+        # requeued (default 10 s). Train tasks publish no result, so nothing is lost by hurrying.
+        "worker_lost_wait": 2.0,
         "result_expires": 3600,
         "broker_connection_retry_on_startup": True,
         "worker_hijack_root_logger": False,
