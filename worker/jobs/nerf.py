@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from worker.cameras import path_cameras, resolve_request_camera, world_distance
 from worker.jobs import RenderError, pick_device
-from worker.nerf.data import Dataset, background_rgb, image_rays, read_meta
+from worker.nerf.data import Dataset, background_rgb, read_meta
 from worker.nerf.encode import CONTENT_TYPES, encode_frames, encode_image, to_uint8
 from worker.nerf.evaluate import background_psnr, evaluate
 from worker.nerf.model import NerfField
-from worker.nerf.poses import camera_c2w, intrinsics, normalize_c2w, orbit_poses
 from worker.nerf.rendering import render_image
 from worker.nerf.trainer import NerfTrainer, load_field_and_grid
 
@@ -126,7 +126,12 @@ class _Model:
         load_field_and_grid(self.field, self.grid, checkpoint.tensors, device)
         self.step_size = meta["step_size"]
         self.normalization = meta["normalization"]
-        self.camera = meta["camera"]
+        cam = meta["camera"]
+        # What worker.cameras needs to resolve request cameras: the normalisation, the dataset's
+        # up (look_at/orbit default) and a training camera (default field of view).
+        self.camera_meta = {"normalization": self.normalization, "world_up": meta.get("world_up"),
+                            "frames": [{"fx": cam["fx"], "w": cam["w"], "split": "train"}]}
+        self.background = None
         self.renders = 0
 
 
@@ -146,19 +151,16 @@ def _background(request: dict[str, Any], model: _Model) -> tuple[float, float, f
     return background_rgb(spec if spec is not None else model.config.get("background"))
 
 
-def _render_one(model: _Model, c2w_world: np.ndarray, request: dict[str, Any], width: int, height: int):
+def _render_one(model: _Model, cam):
     """rgb (H, W, 3), depth (H, W) in world units (0 where nothing was hit), alpha (H, W)."""
-    fx, fy, cx, cy = intrinsics(request, width, height, model.camera)
-    c2w = torch.tensor(normalize_c2w(c2w_world, model.normalization), dtype=torch.float32)
-    o, d = image_rays(c2w, width, height, fx, fy, cx, cy)
-    bg = torch.tensor(_background(request, model), device=model.device)
-    rgb, depth, alpha, _ = render_image(model.field, model.grid, o.to(model.device), d.to(model.device), bg,
+    o, d = cam.rays(model.device)
+    rgb, depth, alpha, _ = render_image(model.field, model.grid, o, d, model.background,
                                         step=model.step_size, cone_angle=model.config["cone_angle"],
                                         max_samples=model.config["max_samples_per_ray"])
     model.renders += 1
-    scale = float(model.normalization["scale"])
-    return (rgb.reshape(height, width, 3).cpu().numpy(), (depth / scale).reshape(height, width).cpu().numpy(),
-            alpha.reshape(height, width).cpu().numpy())
+    h, w = cam.height, cam.width
+    return (rgb.reshape(h, w, 3).cpu().numpy(), world_distance(depth, model.normalization).reshape(h, w).cpu().numpy(),
+            alpha.reshape(h, w).cpu().numpy())
 
 
 def _output(rgb, depth, alpha, output: str) -> tuple[np.ndarray, dict[str, str]]:
@@ -179,22 +181,36 @@ def _output(rgb, depth, alpha, output: str) -> tuple[np.ndarray, dict[str, str]]
         "nf-depth-rule": "value = 255 - 254 * (depth - near) / (far - near); 0 = no surface; world units"}
 
 
-def _camera(request: dict[str, Any]) -> np.ndarray:
-    cam = request.get("camera")
+def _rigid(c2w, what: str) -> list[list[float]]:
+    """A request c2w re-orthonormalised (clients send rounded matrices; a scaled rotation would
+    bend rays); RenderError for reflections and matrices that are not rigid at all."""
+    m = np.asarray(c2w, dtype=np.float64)
+    u, _, vt = np.linalg.svd(m[:3, :3])
+    r = u @ vt
+    if np.linalg.det(r) < 0 or np.abs(m[:3, :3] - r).max() > 1e-2:
+        raise RenderError(422, f"{what}: c2w is not a rigid transform (its 3x3 part must be a rotation)")
+    out = np.eye(4)
+    out[:3, :3], out[:3, 3] = r, m[:3, 3]
+    return out.tolist()
+
+
+def _clean_camera(cam: dict[str, Any] | None, what: str) -> dict[str, Any]:
     if cam is None:
         raise RenderError(422, "nerf renders need a camera: {c2w: 4x4} or {look_at: {eye, target, up}}")
-    try:
-        return camera_c2w(cam)
-    except ValueError as exc:
-        raise RenderError(422, f"camera: {exc}") from None
+    return {**cam, "c2w": _rigid(cam["c2w"], what)} if cam.get("c2w") is not None else cam
+
+
+def _setup(checkpoint, request: dict[str, Any]) -> tuple[_Model, bool]:
+    model, hit = _model_for(checkpoint)
+    model.background = torch.tensor(_background(request, model), device=model.device)
+    return model, hit
 
 
 def render(job, checkpoint, request: dict[str, Any]) -> tuple[bytes, str]:
-    c2w = _camera(request)
-    model, hit = _model_for(checkpoint)
-    width, height = int(request["width"]), int(request["height"])
-    rgb, depth, alpha = _render_one(model, c2w, request, width, height)
-    pixels, text = _output(rgb, depth, alpha, request.get("output", "rgb"))
+    request = {**request, "camera": _clean_camera(request.get("camera"), "camera")}
+    model, hit = _setup(checkpoint, request)
+    cam = resolve_request_camera(request, model.camera_meta)
+    pixels, text = _output(*_render_one(model, cam), request.get("output", "rgb"))
     fmt = request.get("format", "png")
     text.update({"nf-model-cache": "hit" if hit else "miss", "nf-checkpoint-step": str(checkpoint.step)})
     return encode_image(pixels, fmt, text), CONTENT_TYPES[fmt]
@@ -204,25 +220,19 @@ def render_path(job, checkpoint, request: dict[str, Any]) -> tuple[bytes, str]:
     fmt = request.get("format", "webp")
     if fmt not in ("webp", "zip", "gif"):
         raise RenderError(422, f"format {fmt!r} is not available here; use webp, gif or zip")
-    width, height = int(request["width"]), int(request["height"])
     if request.get("poses") is not None:
-        try:
-            poses = [camera_c2w(c) for c in request["poses"]]
-        except ValueError as exc:
-            raise RenderError(422, f"poses: {exc}") from None
-    elif request.get("orbit") is not None:
-        poses = orbit_poses(request["orbit"])
-    else:
+        request = {**request, "poses": [_clean_camera(c, f"poses[{i}]") for i, c in enumerate(request["poses"])]}
+    elif request.get("orbit") is None:
         raise RenderError(422, "give poses or an orbit")
+    width, height = int(request["width"]), int(request["height"])
+    n = len(request["poses"]) if request.get("poses") is not None else int(request["orbit"].get("n_frames", 36))
     from service.settings import get_settings
 
     budget = PATH_PIXEL_BUDGET_FRAMES * get_settings().max_render_pixels
-    if len(poses) * width * height > budget:
-        raise RenderError(422, f"{len(poses)} frames of {width}x{height} is over the path budget of {budget} "
+    if n * width * height > budget:
+        raise RenderError(422, f"{n} frames of {width}x{height} is over the path budget of {budget} "
                                f"pixels ({PATH_PIXEL_BUDGET_FRAMES} x MAX_RENDER_PIXELS); use fewer or smaller frames")
-    model, _ = _model_for(checkpoint)
+    model, _ = _setup(checkpoint, request)
     output = request.get("output", "rgb")
-    frames = [_output(*_render_one(model, c2w, request, width, height), output)[0] for c2w in poses]
+    frames = [_output(*_render_one(model, cam), output)[0] for cam in path_cameras(request, model.camera_meta)]
     return encode_frames(frames, fmt, int(request.get("fps", 24))), CONTENT_TYPES[fmt]
-
-
