@@ -62,7 +62,10 @@ class TaskQueue:
                 raise RuntimeError(str(res.result))
             return res.result
         finally:
-            res.forget()
+            try:
+                res.forget()
+            except OSError:
+                pass  # file:// backend: the result file is already gone; nothing left to free
 
     @staticmethod
     def _ready(res) -> bool:
