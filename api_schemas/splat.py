@@ -1,0 +1,59 @@
+"""Config of a `kind=splat` job (3D Gaussian splatting). Defaults follow the 3DGS paper, with the
+schedule scaled to `steps` (densify until half-way, opacity reset every `opacity_reset_every`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from api_schemas.nerf import Background
+
+
+class SplatConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    steps: int = Field(3000, ge=1, le=1_000_000, description="training steps (one image per step)")
+    time_limit_s: float | None = Field(None, gt=0, description="stop training early after this long")
+    seed: int = Field(0, ge=0)
+
+    # Initialisation
+    init: Literal["auto", "random", "points3d"] = Field(
+        "auto", description="auto: COLMAP points3D.txt when the upload has one, else random points in the scene box")
+    n_init_points: int = Field(20_000, ge=1, le=2_000_000, description="random initialisation")
+    init_extent: float = Field(0.5, gt=0, le=1.0, description="random points fill this fraction of the scene box")
+    sh_degree: int = Field(3, ge=0, le=3)
+    sh_increase_every: int = Field(500, ge=1, description="one more SH band every this many steps")
+
+    # Adam learning rates per parameter (3DGS); means' rate is relative to the scene extent.
+    lr_means: float = Field(1.6e-4, gt=0, le=1.0)
+    lr_means_final: float = Field(1.6e-6, gt=0, le=1.0)
+    lr_sh_dc: float = Field(2.5e-3, gt=0, le=1.0)
+    lr_sh_rest: float = Field(2.5e-3 / 20, gt=0, le=1.0)
+    lr_opacity: float = Field(0.05, gt=0, le=1.0)
+    lr_scales: float = Field(5e-3, gt=0, le=1.0)
+    lr_quats: float = Field(1e-3, gt=0, le=1.0)
+    lambda_dssim: float = Field(0.2, ge=0, le=1.0)
+
+    # Densification and pruning
+    densify_from: int = Field(100, ge=0)
+    densify_until: float = Field(0.5, gt=0, le=1.0, description="fraction of `steps`")
+    densify_every: int = Field(100, ge=1)
+    densify_grad_threshold: float = Field(2e-4, gt=0, description="mean view-space (NDC) gradient norm")
+    percent_dense: float = Field(0.01, gt=0, le=1.0, description="clone below / split above this scene fraction")
+    prune_opacity: float = Field(0.005, gt=0, lt=1.0)
+    prune_screen_size: float = Field(0.1, gt=0, le=4.0, description="prune splats whose radius exceeds this image fraction")
+    prune_world_size: float = Field(0.1, gt=0, le=10.0, description="prune splats larger than this scene fraction")
+    opacity_reset_every: int = Field(3000, ge=1)
+    max_gaussians: int = Field(300_000, ge=1, le=10_000_000)
+
+    # Images and compositing
+    train_resolution: int | None = Field(None, ge=16, le=4096, description="train on images downscaled to this width")
+    train_background: Literal["random", "white", "black"] = "random"
+    background: Background = "white"
+    method: Literal["tiled", "naive", "reference"] = Field("tiled", description="compositor used for training")
+
+    # Bookkeeping
+    checkpoint_every: int = Field(1000, ge=1, le=1_000_000)
+    n_test_renders: int = Field(4, ge=0, le=64)
+    aabb_scale: int | None = Field(None, description="override the dataset's box half size (1, 2, 4, ... 128)")

@@ -1,0 +1,286 @@
+"""3DGS training: one image per step, L1 + D-SSIM, Adam with per-parameter rates, densification
+(clone small / split large splats with a high view-space gradient, prune transparent and huge
+ones) and periodic opacity resets, on the schedule of the 3DGS paper scaled to `steps`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kernels.splat_project import quat_to_rotmat
+from worker.nerf.data import Dataset, background_rgb, composite_background
+from worker.splat import model as gm
+from worker.splat.ssim import ssim
+
+log = logging.getLogger(__name__)
+
+
+def read_points3d(path: Path, normalization: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """COLMAP points3D.txt -> normalised positions (N, 3) and colours in [0, 1]."""
+    xyz, rgb = [], []
+    for line in Path(path).read_text(errors="replace").splitlines():
+        parts = line.split()
+        if not parts or parts[0].startswith("#"):
+            continue
+        xyz.append([float(v) for v in parts[1:4]])
+        rgb.append([int(v) for v in parts[4:7]])
+    p = (torch.tensor(xyz, dtype=torch.float64) - torch.tensor(normalization["offset"], dtype=torch.float64))
+    return (p * float(normalization["scale"])).float(), torch.tensor(rgb, dtype=torch.float32) / 255.0
+
+
+class TrainImages:
+    """Training frames as float RGBA tensors, downscaled once to the training width if asked."""
+
+    def __init__(self, data: Dataset, width: int | None):
+        self.cams, self.rgba = [], []
+        for i, f in enumerate(data.frames):
+            img = data.frame_rgba(i)
+            s = 1.0 if not width or width >= f.w else width / f.w
+            w, h = max(1, round(f.w * s)), max(1, round(f.h * s))
+            if (w, h) != (f.w, f.h):
+                img = F.interpolate(img.permute(2, 0, 1)[None], size=(h, w), mode="area")[0].permute(1, 2, 0)
+            sx, sy = w / f.w, h / f.h
+            self.cams.append(gm.Camera(torch.tensor(f.c2w, dtype=torch.float32), f.fx * sx, f.fy * sy, f.cx * sx,
+                                       f.cy * sy, w, h))
+            self.rgba.append(img.contiguous())
+
+    def __len__(self):
+        return len(self.cams)
+
+
+def scene_extent(cams: list[gm.Camera]) -> float:
+    """3DGS's radius: 1.1 x the largest camera distance from the cameras' mean centre."""
+    c = torch.stack([cam.c2w[:3, 3] for cam in cams])
+    return float(1.1 * (c - c.mean(0)).norm(dim=-1).max().clamp(min=1e-3))
+
+
+class SplatTrainer:
+    def __init__(self, config: dict[str, Any], meta: dict[str, Any], device, data: Dataset,
+                 dataset_dir: Path | None = None):
+        self.config, self.meta, self.device = config, meta, device
+        self.gen = torch.Generator().manual_seed(int(config["seed"]))
+        self.images = TrainImages(data, config.get("train_resolution"))
+        self.has_alpha = data.has_alpha
+        self.extent = scene_extent(self.images.cams)
+        self.eval_background = torch.tensor(background_rgb(config.get("background")), device=device)
+        self.step = 0
+        self.train_s = 0.0
+        self.degree = int(config["sh_degree"])
+        self.params = {k: v.to(device) for k, v in self._init(dataset_dir).items()}
+        self._make_optimizer()
+        self._reset_stats()
+        self.densify_until = int(config["densify_until"] * config["steps"])
+
+    # -- state --------------------------------------------------------------------------------
+    def _init(self, dataset_dir: Path | None):
+        cfg = self.config
+        pts_file = None if dataset_dir is None else Path(dataset_dir) / "points3D.txt"
+        use_points = cfg["init"] == "points3d" or (cfg["init"] == "auto" and pts_file is not None and pts_file.is_file())
+        if use_points:
+            pts, cols = read_points3d(pts_file, self.meta["normalization"])
+            log.info("splat init: %d COLMAP points", pts.shape[0])
+        else:
+            lo, hi = (torch.tensor(v, dtype=torch.float32) for v in self.meta["aabb"])
+            mid, half = (lo + hi) / 2, (hi - lo) / 2 * float(cfg["init_extent"])
+            n = int(cfg["n_init_points"])
+            pts = mid + (torch.rand(n, 3, generator=self.gen) * 2 - 1) * half
+            cols = torch.rand(n, 3, generator=self.gen)
+        return gm.init_tensors(pts, cols, self.degree)
+
+    def _lrs(self) -> dict[str, float]:
+        c = self.config
+        return {"means": c["lr_means"] * self.extent, "scales": c["lr_scales"], "quats": c["lr_quats"],
+                "opacities": c["lr_opacity"], "sh_dc": c["lr_sh_dc"], "sh_rest": c["lr_sh_rest"]}
+
+    def _make_optimizer(self, moments: dict[str, torch.Tensor] | None = None):
+        for k in gm.NAMES:
+            self.params[k] = torch.nn.Parameter(self.params[k].detach().contiguous())
+        lrs = self._lrs()
+        self.opt = torch.optim.Adam([{"params": [self.params[k]], "lr": lrs[k], "name": k} for k in gm.NAMES],
+                                    eps=1e-15)
+        if moments:
+            for k in gm.NAMES:
+                p = self.params[k]
+                self.opt.state[p] = {"step": moments["adam_step"].clone().float(),
+                                     "exp_avg": moments[f"m1_{k}"].to(self.device),
+                                     "exp_avg_sq": moments[f"m2_{k}"].to(self.device)}
+
+    def _reset_stats(self):
+        n = self.params["means"].shape[0]
+        self.grad_accum = torch.zeros(n, device=self.device)
+        self.grad_count = torch.zeros(n, device=self.device)
+        self.max_radii = torch.zeros(n, device=self.device)
+
+    @property
+    def n(self) -> int:
+        return int(self.params["means"].shape[0])
+
+    def active_degree(self) -> int:
+        return min(self.degree, self.step // int(self.config["sh_increase_every"]))
+
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        t = {k: v.detach().cpu().contiguous() for k, v in self.params.items()}
+        adam_step = 0.0
+        for k in gm.NAMES:
+            st = self.opt.state.get(self.params[k], {})
+            if "exp_avg" in st:
+                t[f"m1_{k}"] = st["exp_avg"].detach().cpu().contiguous()
+                t[f"m2_{k}"] = st["exp_avg_sq"].detach().cpu().contiguous()
+                adam_step = float(st["step"])
+        t["adam_step"] = torch.tensor(adam_step)
+        meta = {"kind": "splat", "config": self.config, "step": self.step, "train_s": self.train_s,
+                "n_gaussians": self.n, "sh_degree": self.degree, "active_degree": self.active_degree(),
+                "normalization": self.meta["normalization"], "world_up": self.meta.get("world_up"),
+                "extent": self.extent,
+                "camera": _default_camera(self.meta)}
+        return t, meta
+
+    def load_state(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        self.params = {k: tensors[k].to(self.device) for k in gm.NAMES}
+        moments = tensors if "m1_means" in tensors else None
+        self._make_optimizer(moments)
+        self._reset_stats()
+        self.step = int(meta["step"])
+        self.train_s = float(meta.get("train_s", 0.0))
+
+    # -- one step -----------------------------------------------------------------------------
+    def _background(self) -> torch.Tensor:
+        mode = self.config["train_background"]
+        if mode == "random" and self.has_alpha:
+            return torch.rand(3, generator=self.gen).to(self.device)
+        if mode == "black":
+            return torch.zeros(3, device=self.device)
+        return self.eval_background if mode == "random" else torch.ones(3, device=self.device)
+
+    def _set_lr(self):
+        c = self.config
+        t = min(1.0, self.step / max(1, c["steps"]))
+        lr = math.exp((1 - t) * math.log(c["lr_means"]) + t * math.log(c["lr_means_final"])) * self.extent
+        for g in self.opt.param_groups:
+            if g["name"] == "means":
+                g["lr"] = lr
+
+    def train_step(self) -> dict[str, float]:
+        t0 = time.perf_counter()
+        c = self.config
+        self._set_lr()
+        i = int(torch.randint(0, len(self.images), (1,), generator=self.gen))
+        cam = self.images.cams[i]
+        bg = self._background()
+        target = composite_background(self.images.rgba[i].to(self.device), bg)
+        out = gm.render(self.params, cam, bg, self.active_degree(), c["method"])
+        l1 = (out.rgb - target).abs().mean()
+        loss = (1 - c["lambda_dssim"]) * l1 + c["lambda_dssim"] * (1 - ssim(out.rgb, target))
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        with torch.no_grad():
+            mse = float(((out.rgb - target) ** 2).mean())
+            if self.step < self.densify_until and out.means2d.grad is not None and out.visible.numel():
+                # view-space gradient in NDC units as 3DGS measures it (pixels span 2 / size)
+                g = out.means2d.grad * torch.tensor([cam.width / 2, cam.height / 2], device=self.device)
+                self.grad_accum.index_add_(0, out.visible, g.norm(dim=-1))
+                self.grad_count.index_add_(0, out.visible, torch.ones_like(out.radii))
+                self.max_radii[out.visible] = torch.maximum(self.max_radii[out.visible],
+                                                            out.radii / max(cam.width, cam.height))
+        self.opt.step()
+        self.step += 1
+        if self.step < self.densify_until:
+            if self.step >= c["densify_from"] and self.step % c["densify_every"] == 0:
+                self.densify_and_prune()
+            if self.step % c["opacity_reset_every"] == 0:
+                self.reset_opacity()
+        self.train_s += time.perf_counter() - t0
+        return {"loss": float(loss.detach()), "psnr": -10 * math.log10(max(mse, 1e-10)), "n_gaussians": self.n,
+                "seconds": time.perf_counter() - t0}
+
+    # -- densification ------------------------------------------------------------------------
+    def _edit(self, keep: torch.Tensor | None, extra: dict[str, torch.Tensor] | None):
+        """Keep rows `keep` (bool mask) and append `extra`, carrying Adam moments along (zeros for new rows)."""
+        for g in self.opt.param_groups:
+            k = g["name"]
+            old = g["params"][0]
+            st = self.opt.state.pop(old, None)
+            val = old.detach() if keep is None else old.detach()[keep]
+            if extra is not None:
+                val = torch.cat([val, extra[k]])
+            new = torch.nn.Parameter(val.contiguous())
+            if st is not None:
+                for name in ("exp_avg", "exp_avg_sq"):
+                    m = st[name] if keep is None else st[name][keep]
+                    if extra is not None:
+                        m = torch.cat([m, torch.zeros_like(extra[k])])
+                    st[name] = m.contiguous()
+                self.opt.state[new] = st
+            g["params"][0] = new
+            self.params[k] = new
+
+    def densify_and_prune(self):
+        c = self.config
+        with torch.no_grad():
+            grads = self.grad_accum / self.grad_count.clamp(min=1)
+            big = grads >= c["densify_grad_threshold"]
+            max_scale = torch.exp(self.params["scales"]).max(-1).values
+            small = max_scale <= c["percent_dense"] * self.extent
+            room = max(0, int(c["max_gaussians"]) - self.n)
+            clone = (big & small).nonzero().squeeze(1)[:room]
+            room -= clone.numel()
+            split = (big & ~small).nonzero().squeeze(1)[:room]
+            p = {k: v.detach() for k, v in self.params.items()}
+            extra = {k: p[k][clone] for k in gm.NAMES}
+            # split: two samples from each large Gaussian, 1.6x smaller
+            if split.numel():
+                scales = torch.exp(p["scales"][split]).repeat(2, 1)
+                rot = quat_to_rotmat(p["quats"][split]).repeat(2, 1, 1)
+                offs = (rot @ (torch.randn(scales.shape, device=self.device) * scales)[..., None])[..., 0]
+                new = {k: p[k][split].repeat(2, *([1] * (p[k].dim() - 1))) for k in gm.NAMES}
+                new["means"] = new["means"] + offs
+                new["scales"] = torch.log(scales / 1.6)
+                extra = {k: torch.cat([extra[k], new[k]]) for k in gm.NAMES}
+            n_old = self.n
+            keep = torch.ones(n_old, dtype=torch.bool, device=self.device)
+            keep[split] = False
+            self._edit(keep, extra)
+            self.max_radii = torch.cat([self.max_radii[keep], torch.zeros(self.n - int(keep.sum()), device=self.device)])
+            # prune
+            op = torch.sigmoid(self.params["opacities"].detach())
+            prune = op < c["prune_opacity"]
+            if self.step > c["opacity_reset_every"]:
+                prune |= self.max_radii > c["prune_screen_size"]
+                prune |= torch.exp(self.params["scales"].detach()).max(-1).values > c["prune_world_size"] * self.extent
+            if prune.all():
+                prune[0] = False
+            self._edit(~prune, None)
+        self._reset_stats()
+
+    def reset_opacity(self):
+        with torch.no_grad():
+            capped = torch.minimum(self.params["opacities"].detach(), gm.inverse_sigmoid(torch.tensor(0.01)).to(self.device))
+        for g in self.opt.param_groups:
+            if g["name"] == "opacities":
+                old = g["params"][0]
+                st = self.opt.state.pop(old, None)
+                new = torch.nn.Parameter(capped.contiguous())
+                if st is not None:
+                    st["exp_avg"].zero_()
+                    st["exp_avg_sq"].zero_()
+                    self.opt.state[new] = st
+                g["params"][0] = new
+                self.params["opacities"] = new
+
+
+def _default_camera(meta: dict[str, Any]) -> dict[str, Any]:
+    """The first training camera's intrinsics: renders without any keep its field of view."""
+    f = next((f for f in meta["frames"] if f.get("split", "train") == "train"), meta["frames"][0])
+    return {"fx": f["fx"], "fy": f["fy"], "w": f["w"], "h": f["h"]}
+
+
+def to_numpy(img: torch.Tensor) -> np.ndarray:
+    return img.detach().clamp(0, 1).cpu().numpy()
