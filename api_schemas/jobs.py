@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 class JobKind(str, Enum):
     image = "image"
     nerf = "nerf"
+    splat = "splat"
 
 
 class JobStatus(str, Enum):

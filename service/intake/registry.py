@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 KINDS: dict[str, tuple[str, str]] = {
     "image": ("service.intake.image", "api_schemas.image:ImageConfig"),
     "nerf": ("service.intake.nerf", "api_schemas.nerf:NerfConfig"),
+    "splat": ("service.intake.splat", "api_schemas.splat:SplatConfig"),
 }
 
 
