@@ -108,6 +108,8 @@ class SplatTrainer:
                                     eps=1e-15)
         if moments:
             for k in gm.NAMES:
+                if f"m1_{k}" not in moments:
+                    continue
                 p = self.params[k]
                 self.opt.state[p] = {"step": moments["adam_step"].clone().float(),
                                      "exp_avg": moments[f"m1_{k}"].to(self.device),
