@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 # A path may not ask for more than this many render-limit frames in total (time, memory).
 PATH_PIXEL_BUDGET_FRAMES = 64
 CURVE_FRAMES = 10
+CURVE_INTERVAL_S = 30.0  # training seconds between test-PSNR curve points
 
 
 # -- training --------------------------------------------------------------------------------
@@ -64,13 +65,16 @@ def train(ctx) -> dict[str, Any]:
     ctx.progress.start_step = trainer.step
     ctx.progress.report(trainer.step, steps, force=True)
     last: dict[str, float] = {}
+    next_curve = trainer.train_s + CURVE_INTERVAL_S
     while trainer.step < steps and not (limit and trainer.train_s >= limit):
         ctx.raise_if_cancelled()
         last = trainer.train_step()
         _report(ctx, trainer.step, steps, last)
+        if trainer.train_s >= next_curve:
+            _curve_point(trainer, test)
+            next_curve = trainer.train_s + CURVE_INTERVAL_S
         if trainer.step < steps and (trainer.step % config["checkpoint_every"] == 0 or ctx.checkpoints.due()):
             ctx.checkpoints.save(trainer.step, *trainer.state())
-            _curve_point(trainer, test)
     ctx.checkpoints.save(trainer.step, *trainer.state())
     _report(ctx, trainer.step, steps, last, force=True)
 
@@ -79,7 +83,7 @@ def train(ctx) -> dict[str, Any]:
     metrics, renders = evaluate(trainer, test, keep=config["n_test_renders"])
     names = _save_test_renders(ctx, test, renders)
     if trainer.curve and trainer.curve[-1]["step"] == trainer.step:
-        trainer.curve.pop()  # the last checkpoint's point, measured on fewer frames
+        trainer.curve.pop()  # the last curve point, maybe measured on fewer frames
     trainer.curve.append({"step": trainer.step, "train_s": round(trainer.train_s, 2),
                           "test_psnr": round(metrics["test_psnr"], 3)})
     metrics.update({
@@ -91,7 +95,8 @@ def train(ctx) -> dict[str, Any]:
 
 
 def _curve_point(trainer: NerfTrainer, test: Dataset) -> None:
-    """Test PSNR at each checkpoint (first CURVE_FRAMES test views; not counted in train_s):
+    """Test PSNR every CURVE_INTERVAL_S of training (first CURVE_FRAMES test views; the evaluation
+    is not counted in train_s):
     how quality grows with training time, which the quality script compares across backends."""
     m, _ = evaluate(trainer, test, limit=CURVE_FRAMES)
     trainer.curve.append({"step": trainer.step, "train_s": round(trainer.train_s, 2),

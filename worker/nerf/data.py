@@ -110,4 +110,4 @@ class Dataset:
         return image_rays(self.c2w[i], f.fx, f.fy, f.cx, f.cy, f.w, f.h, dist)
 
     def frame_rgba(self, i: int) -> torch.Tensor:
-        return torch.from_numpy(self.images[i]).float() / 255.0
+        return torch.from_numpy(self.images[i].copy()).float() / 255.0
