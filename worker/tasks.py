@@ -157,24 +157,30 @@ def _lock_free(paths) -> bool:
 
 def requeue_orphans() -> list[str]:
     """`running` jobs that nobody trains (the whole worker was killed, so the broker never saw
-    the task fail): send them again; they resume from their latest checkpoint. The filesystem
+    the task fail): send them again; they resume from their latest checkpoint. `queued` jobs
+    are sent again too, in case the broker lost their message. The filesystem
     broker loses such a message; Redis would hold it back for the visibility timeout. Sending
     one twice is harmless: the train lock lets only one delivery train."""
     store = _store()
-    sent = []
+    sent, queued = [], []
     for job_id in store.storage.job_ids():
         try:
-            if store.get(job_id).status != JobStatus.running:
+            status = store.get(job_id).status
+            if status not in (JobStatus.running, JobStatus.queued):
                 continue
             orphan = _lock_free(store.storage.paths(job_id))
         except (JobNotFound, ValueError, OSError):
             continue
         if orphan:
             app.send_task(TASK_TRAIN, args=[job_id], queue=TRAIN_QUEUE, task_id=job_id, ignore_result=True)
-            sent.append(job_id)
+            (sent if status == JobStatus.running else queued).append(job_id)
     if sent:
         log.warning("requeued %d orphaned training(s): %s", len(sent), ", ".join(sent))
-    return sent
+    if queued:
+        # job.json is the record of what was asked for; a broker that lost its messages (Redis
+        # restarted without persistence) would otherwise leave these queued forever.
+        log.warning("re-sent %d queued training(s) from the job store: %s", len(queued), ", ".join(queued))
+    return sent + queued
 
 
 @worker_ready.connect

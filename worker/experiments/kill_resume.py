@@ -99,7 +99,7 @@ def run(kills: int, steps: int, resolution: int, interval_s: float, redis_db: in
             job_id = r.json()["id"]
             job_dir = stack.job_dir(job_id)
             stack.wait_for(job_id, lambda j: j["status"] == "running" and j["progress"]["step"] > 0, 120, "running")
-            resumed_from = 0
+            resumed_from, since = 0, 0  # checkpoint step and events index of the latest (re)start
             for k in range(kills):
                 # Kill somewhere after a fresh checkpoint, at a random point of the next interval.
                 try:
@@ -120,7 +120,7 @@ def run(kills: int, steps: int, resolution: int, interval_s: float, redis_db: in
                         os.kill(pid, signal.SIGKILL)
                 killed_at = time.monotonic()
                 # Read at once: the dead process wrote whole lines, and nothing has restarted yet.
-                before = [e for e in _events(job_dir) if e["event"] == "progress"]
+                before = [e for e in _events(job_dir)[since:] if e["event"] == "progress"]
                 last_step = max((e["data"]["step"] for e in before), default=0)
                 ckpt = _latest_ckpt(job_dir) or 0
                 if whole:
@@ -143,7 +143,7 @@ def run(kills: int, steps: int, resolution: int, interval_s: float, redis_db: in
                 out(f"kill {row['kill']:2d} ({row['what']:12s}): last reported step {last_step:6d}, "
                     f"resumed from checkpoint {start:6d}, steps redone {row['steps_redone']:5d}, "
                     f"back training after {row['resume_s']:.1f} s")
-                resumed_from = start
+                resumed_from, since = start, n_events
             final = stack.wait_status(job_id, "succeeded", "failed", "cancelled", timeout=900)
             prog = [e["data"] for e in _events(job_dir) if e["event"] == "progress"]
             rate = max((p["step"] / p["elapsed_s"] for p in prog[-5:] if p.get("elapsed_s")), default=0.0)
