@@ -146,8 +146,9 @@ async function offerCheckpoint(job) {
   const url = api.jobUrl(job.id, "/checkpoint");
   const link = $("d-checkpoint"), msg = $("d-checkpoint-msg");
   if (await api.available(url)) {
-    // Fetched on click with the key, then handed to the browser as a blob URL.
-    link.href = "#";
+    // A plain link cannot send the key: the click fetches it with the key and hands the
+    // browser a blob URL instead (the href stays the real URL, for copying).
+    link.href = url;
     link.onclick = async (ev) => {
       ev.preventDefault();
       try {
