@@ -230,3 +230,41 @@ def test_access_log_redacts_the_url_key(tmp_path):
     text = log.read_text()
     assert f"/v1/jobs/{job}/events?access_token=***" in text, text
     assert KEY_A not in text and KEY_B not in text
+
+
+def test_embedded_mode_uses_the_dev_key_and_says_so(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from service.auth import DEV_KEY
+    from tests.conftest import REPO, free_port
+
+    port, log = free_port(), tmp_path / "run.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("API_KEYS", "API_KEYS_FILE", "REDIS_URL")}
+    env.update(DATA_DIR=str(tmp_path / "data"), PORT=str(port), TORCH_THREADS="1")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "service.embedded"], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        assert httpx.get(base + "/v1/jobs", headers=auth_headers(DEV_KEY)).status_code == 200
+        assert httpx.get(base + "/v1/jobs").status_code == 401
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = log.read_text()
+    assert "WARNING" in text and DEV_KEY in text and "API_KEYS" in text
