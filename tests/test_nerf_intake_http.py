@@ -22,7 +22,7 @@ def zipped(files: dict[str, bytes]) -> bytes:
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
-    from conftest import stack_maker
+    from tests.conftest import stack_maker
 
     with stack_maker(tmp_path_factory) as make:
         yield make(queues=None)
