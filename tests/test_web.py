@@ -69,6 +69,8 @@ def test_upload_train_and_view(page, fs_stack, tmp_path):
     page.fill("#config", '{"steps": 500, "resolution": 32}')
     page.click("#submit")
     page.wait_for_selector("#upload-msg.ok")
+    # The page selects the new job after the list refresh; the id shows once that is done.
+    page.wait_for_function("() => document.querySelector('#d-id').textContent.trim().length > 0")
     job_id = page.text_content("#d-id").strip()
     job = fs_stack.client.get(f"/v1/jobs/{job_id}").json()
     assert job["config"]["steps"] == 500 and job["kind"] == "image"
