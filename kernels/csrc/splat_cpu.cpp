@@ -10,7 +10,7 @@
 #include "splat.h"
 
 #if defined(KN_SPLAT_CUDA)
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace {
@@ -220,7 +220,7 @@ std::vector<at::Tensor> naive_forward(const at::Tensor& means, const at::Tensor&
         cuda_ok(kn_cuda::splat_naive_forward(dtype_code(means), (int)H, (int)W, in.n, means.data_ptr(), conics.data_ptr(),
                                              colors.data_ptr(), opac.data_ptr(), a0, a1, st, out[0].data_ptr(),
                                              out[1].data_ptr(), out[2].data_ptr<int32_t>(),
-                                             at::cuda::getCurrentCUDAStream()));
+                                             c10::cuda::getCurrentCUDAStream().stream()));
         return out;
 #else
         TORCH_CHECK(false, "this splat extension was built without CUDA");
@@ -244,7 +244,7 @@ at::Tensor naive_backward(const at::Tensor& means, const at::Tensor& conics, con
         cuda_ok(kn_cuda::splat_naive_backward(dtype_code(means), (int)H, (int)W, means.data_ptr(), conics.data_ptr(),
                                               colors.data_ptr(), opac.data_ptr(), a0, a1, st, fT.data_ptr(),
                                               fn.data_ptr<int32_t>(), gr.data_ptr(), gT.data_ptr(), grads.data_ptr(),
-                                              at::cuda::getCurrentCUDAStream()));
+                                              c10::cuda::getCurrentCUDAStream().stream()));
         return grads;
 #else
         TORCH_CHECK(false, "this splat extension was built without CUDA");
@@ -270,7 +270,7 @@ std::vector<at::Tensor> tiled_forward(const at::Tensor& means, const at::Tensor&
                                              ids.data_ptr<int32_t>(), means.data_ptr(), conics.data_ptr(),
                                              colors.data_ptr(), opac.data_ptr(), a0, a1, st, out[0].data_ptr(),
                                              out[1].data_ptr(), out[2].data_ptr<int32_t>(),
-                                             at::cuda::getCurrentCUDAStream()));
+                                             c10::cuda::getCurrentCUDAStream().stream()));
         return out;
 #else
         TORCH_CHECK(false, "this splat extension was built without CUDA");
@@ -298,7 +298,7 @@ at::Tensor tiled_backward(const at::Tensor& means, const at::Tensor& conics, con
                                               ids.data_ptr<int32_t>(), means.data_ptr(), conics.data_ptr(),
                                               colors.data_ptr(), opac.data_ptr(), a0, a1, st, fT.data_ptr(),
                                               fn.data_ptr<int32_t>(), gr.data_ptr(), gT.data_ptr(), grads.data_ptr(),
-                                              at::cuda::getCurrentCUDAStream()));
+                                              c10::cuda::getCurrentCUDAStream().stream()));
         return grads;
 #else
         TORCH_CHECK(false, "this splat extension was built without CUDA");

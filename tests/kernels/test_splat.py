@@ -199,3 +199,17 @@ def test_cuda_launchers_compile(tmp_path, arch):
                           str(CSRC / "splat.cu"), "-o", str(out)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-4000:]
     assert out.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("method", ["naive", "tiled"])
+def test_cuda_matches_cpu_reference(method):
+    h, w = 70, 90
+    *params, depths = random_splats(500, w, h, seed=11)
+    weights = (torch.randn(h, w, 3), torch.randn(h, w))
+    rgb_r, t_r, g_r = run("reference", params, depths, h, w, weights)
+    cuda = [p.cuda() for p in params]
+    rgb, t, g = run(method, cuda, depths.cuda(), h, w, tuple(x.cuda() for x in weights))
+    assert (rgb.cpu() - rgb_r).abs().max() < 2e-3 and (t.cpu() - t_r).abs().max() < 2e-3
+    for a, b in zip(g, g_r):
+        assert ((a.cpu() - b).abs().max() / b.abs().max()) < 1e-3
