@@ -94,7 +94,7 @@ def _own_stack(tmp: Path):
     """API + worker subprocesses on loopback (tests/conftest.py's stack), one trained image job."""
     import os
 
-    from tests.conftest import TEST_KEY, Stack, free_port, png_bytes
+    from tests.conftest import TEST_KEY, Stack, free_port
 
     data, logs = tmp / "data", tmp / "logs"
     data.mkdir()
@@ -104,10 +104,21 @@ def _own_stack(tmp: Path):
                 "BROKER_POLLING_INTERVAL_S": "0.1", "API_KEYS": f"fuzz:{TEST_KEY}", **FUZZ_ENV})
     stack = Stack(data_dir=data, log_dir=logs, env=env, port=free_port())
     stack.start_api()
-    stack.start_worker()
+    return stack, seed_job(stack)
+
+
+def seed_job(stack) -> str:
+    """Train one small job, then leave only a render worker: jobs the fuzzer uploads stay queued
+    instead of training (some ask for 200000 steps) and starving the renders into 504s."""
+    from tests.conftest import _stop, png_bytes
+
+    trainer = stack.start_worker("train")
     job = stack.submit(png_bytes(16, 16), config={"steps": 20, "resolution": 16}).json()["id"]
     stack.wait_status(job, "succeeded")
-    return stack, job
+    _stop(trainer)
+    stack.workers.remove(trainer)
+    stack.start_worker("render")
+    return job
 
 
 def main(argv: list[str] | None = None) -> int:

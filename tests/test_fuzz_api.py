@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, png_bytes
+from tests.conftest import REPO
 
 pytest.importorskip("schemathesis", reason="schemathesis is not installed (pip install '.[dev]')")
 
@@ -24,9 +24,8 @@ def _fuzz_module():
 
 def test_fuzzed_requests_get_documented_answers(stack_factory):
     fuzz_api = _fuzz_module()
-    stack = stack_factory(env=fuzz_api.FUZZ_ENV)
-    job = stack.submit(png_bytes(16, 16), config={"steps": 20, "resolution": 16}).json()["id"]
-    assert stack.wait_status(job, "succeeded", "failed")["status"] == "succeeded"
+    stack = stack_factory(queues=None, env=fuzz_api.FUZZ_ENV)
+    job = fuzz_api.seed_job(stack)
 
     res = fuzz_api.fuzz(stack.base_url, stack.headers, examples=12, real_job=job, seed=0, deadline_s=50)
     print(f"requests tried: {res.requests}; status codes {res.by_status}")
