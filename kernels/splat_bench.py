@@ -110,11 +110,16 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sizes", default="2500,10000,40000,160000")
     ap.add_argument("--pixels", type=int, default=256, help="image side")
-    ap.add_argument("--max-reference", type=int, default=2500)
-    ap.add_argument("--max-naive", type=int, default=10_000)
+    ap.add_argument("--max-reference", type=int, default=None, help="default 2500 on CPU, 10000 on CUDA")
+    ap.add_argument("--max-naive", type=int, default=None, help="default 10000 on CPU, 160000 on CUDA")
     args = ap.parse_args(argv)
     if args.repeats < 5:
         ap.error("--repeats must be >= 5 (figures are medians of at least five runs)")
+    gpu = torch.device(args.device).type == "cuda"
+    if args.max_reference is None:
+        args.max_reference = 10_000 if gpu else 2500
+    if args.max_naive is None:
+        args.max_naive = 160_000 if gpu else 10_000
     torch.manual_seed(0)
     for row in rows([int(s) for s in args.sizes.split(",")], args.pixels, args.device, args.repeats,
                     args.max_reference, args.max_naive):
