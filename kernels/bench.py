@@ -120,6 +120,10 @@ def main(argv=None) -> int:
         print(json.dumps({"op": op, "size": size, "device": str(device), "threads": torch.get_num_threads(),
                           "repeats": args.repeats, "reference_ms": round(ref_ms, 3), "ext_ms": round(ext_ms, 3),
                           "speedup": round(ref_ms / ext_ms, 2)}), flush=True)
+    if args.ops == ",".join(BENCHES):  # full run: the splat compositor rows too (naive vs tiled vs reference)
+        from kernels import splat_bench
+
+        splat_bench.main(["--device", args.device, "--repeats", str(args.repeats)])
     return 0
 
 
