@@ -39,7 +39,8 @@ echo "$info"
 t0=$(date +%s)
 log=$(mktemp)
 "$PY" -m pytest -q -p no:cacheprovider tests/kernels/test_cuda_parity.py tests/kernels/test_hash_grid.py \
-  tests/kernels/test_composite.py tests/kernels/test_marching.py tests/kernels/test_occupancy.py >"$log" 2>&1
+  tests/kernels/test_composite.py tests/kernels/test_marching.py tests/kernels/test_occupancy.py \
+  tests/kernels/test_splat.py >"$log" 2>&1
 rc=$?
 summary=$(tail -n 1 "$log" | tr -d '"=' | sed 's/^ *//; s/ *$//')
 echo "{\"stage\": \"parity\", \"ok\": $([ $rc -eq 0 ] && echo true || echo false), \"pytest_rc\": $rc, \"summary\": \"$summary\", \"seconds\": $(( $(date +%s) - t0 ))}"
