@@ -191,7 +191,8 @@ def report(results: dict[str, dict], budgets: dict[str, float], http_psnr: float
     base = next(iter(results.values()))["metrics"]["background_psnr"]
     lines.append("")
     lines.append(f"background-only baseline PSNR: {base:.2f} dB; times are training seconds (evaluation and "
-                 f"checkpoint pauses excluded), at the first curve point (every 30 training seconds) whose test PSNR reached the level")
+                 "checkpoint pauses excluded), at the first curve point (every 30 training seconds) whose "
+                 "test PSNR reached the level")
     if http_psnr is not None:
         lines.append(f"ext: renders of the {results['ext']['metrics']['n_test']} held-out poses through "
                      f"POST /render: mean PSNR {http_psnr:.2f} dB vs the held-out photos")
