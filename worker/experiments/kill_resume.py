@@ -145,8 +145,10 @@ def run(kills: int, steps: int, resolution: int, interval_s: float, redis_db: in
                     f"back training after {row['resume_s']:.1f} s")
                 resumed_from, since = start, n_events
             final = stack.wait_status(job_id, "succeeded", "failed", "cancelled", timeout=900)
-            prog = [e["data"] for e in _events(job_dir) if e["event"] == "progress"]
-            rate = max((p["step"] / p["elapsed_s"] for p in prog[-5:] if p.get("elapsed_s")), default=0.0)
+            # Throughput of the last, uninterrupted stretch (elapsed_s restarts with each resume).
+            prog = [e["data"] for e in _events(job_dir)[since:] if e["event"] == "progress"]
+            span = prog[-1]["elapsed_s"] - prog[0]["elapsed_s"] if len(prog) > 1 else 0.0
+            rate = (prog[-1]["step"] - prog[0]["step"]) / span if span > 0 else 0.0
         finally:
             stack.stop()
     per_interval = rate * interval_s
