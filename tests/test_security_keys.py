@@ -116,6 +116,7 @@ def test_list_shows_only_the_callers_jobs(keyed):
         assert a.get(f"/v1/jobs/{bobs}").status_code == 404
     finally:
         assert b.post(f"/v1/jobs/{bobs}/cancel").status_code == 200
+        _wait_cancelled(b, bobs)
 
 
 def test_public_paths_need_no_key(keyed):
@@ -184,9 +185,20 @@ def test_render_rate_limit_per_key(keyed):
                 assert 1 <= int(resp.headers["retry-after"]) <= 10
                 assert "rate limit" in resp.json()["detail"]
         assert codes == [409] * BURST + [429, 429], codes  # not trained yet: 409 until the bucket runs dry
-        assert a.post(f"/v1/jobs/{job_id}/render", json={"width": 8, "height": 8}).status_code == 200
     finally:
         c.post(f"/v1/jobs/{own}/cancel")
+    # Once charlie's training has stopped (it holds the stack's one worker), alice renders.
+    _wait_cancelled(c, own)
+    assert a.post(f"/v1/jobs/{job_id}/render", json={"width": 8, "height": 8}).status_code == 200
+
+
+def _wait_cancelled(client, job_id: str, timeout: float = 60) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while client.get(f"/v1/jobs/{job_id}").json()["status"] != "cancelled":
+        assert time.monotonic() < deadline, "cancel did not land"
+        time.sleep(0.1)
 
 
 def test_bad_key_configuration_stops_the_api(tmp_path_factory):
