@@ -27,6 +27,7 @@ class ProgressReporter:
         self.t0 = time.monotonic()
         self.start_step = start_step
         self._last_write = 0.0
+        self._last_report = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -56,10 +57,13 @@ class ProgressReporter:
                force: bool = False, **extra: float | None) -> bool:
         """`extra`: further Progress fields (rays_per_s, samples_per_ray)."""
         now = time.monotonic()
-        if not force and step < total_steps and now - self._last_write < self.interval_s:
+        # Throttled on the last *report*: heartbeat writes during a slow step must not swallow
+        # the step's own (new) progress.
+        if not force and step < total_steps and now - self._last_report < self.interval_s:
             return False
         with self._lock:
             self._write(self._progress(step, total_steps, loss, psnr, now, extra), now)
+            self._last_report = now
         return True
 
     # -- heartbeat ---------------------------------------------------------------------
