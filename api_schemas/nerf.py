@@ -30,7 +30,7 @@ class NerfConfig(BaseModel):
     # Hash grid encoding
     n_levels: int = Field(16, ge=1, le=32)
     features_per_level: Literal[1, 2, 4, 8] = 2
-    log2_hashmap_size: int = Field(19, ge=10, le=24)
+    log2_hashmap_size: int = Field(19, ge=14, le=24, description="hash table size per level, 2^14 to 2^24 (kernels.HashGrid)")
     base_resolution: int = Field(16, ge=2, le=1024)
     max_resolution: int = Field(2048, ge=2, le=1 << 16, description="finest level resolution (per unit box)")
 
@@ -40,7 +40,7 @@ class NerfConfig(BaseModel):
     geo_features: int = Field(15, ge=1, le=128, description="geometry features passed to the colour MLP")
     color_hidden: int = Field(64, ge=8, le=512)
     color_layers: int = Field(2, ge=1, le=8)
-    sh_degree: int = Field(4, ge=1, le=8, description="SH bands of the direction encoding (degree**2 coefficients)")
+    sh_degree: int = Field(4, ge=1, le=4, description="SH bands of the direction encoding (degree**2 coefficients; the kernel has 1-4)")
 
     # Occupancy grid and ray marching
     occupancy_resolution: int = Field(128, ge=16, le=512)
