@@ -84,7 +84,9 @@ def test_gradcheck(splat_ext, method):
     def f(m, c, col, o):
         return splat.rasterize(m, c, col, o, h, w, background=0.5, method=method, alpha_min=1e-9)
 
-    assert torch.autograd.gradcheck(f, params, eps=1e-6, atol=1e-5, fast_mode=True)
+    # The backward sums per-splat gradients over pixels from several threads, so the float64 sum
+    # order (and its last bits) varies between runs: allow that, far below the check's atol.
+    assert torch.autograd.gradcheck(f, params, eps=1e-6, atol=1e-5, fast_mode=True, nondet_tol=1e-12)
 
 
 @pytest.mark.parametrize("method", splat.METHODS)
