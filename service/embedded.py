@@ -54,6 +54,12 @@ def main() -> int:
                 os.killpg(worker.pid, signal.SIGKILL)
                 worker.wait()
 
+    # uvicorn re-raises a captured SIGTERM once it has shut down; with the default action that
+    # would end this process before `finally` and leave the worker running without a parent.
+    def on_sigterm(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         uvicorn.run("service.app:app", host=settings.host, port=settings.port, log_level="info")
     finally:
