@@ -280,3 +280,16 @@ def test_embedded_mode_uses_the_dev_key_and_says_so(tmp_path):
             proc.wait()
     text = log.read_text()
     assert "WARNING" in text and DEV_KEY in text and "API_KEYS" in text
+    # SIGTERM to `make run` stops its worker as well (it runs in a session of its own).
+    import re
+    worker_pid = int(re.search(r"worker pid (\d+)", text).group(1))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(worker_pid, signal.SIGKILL)
+        pytest.fail("the embedded worker outlived SIGTERM to `make run`")
