@@ -21,7 +21,7 @@ Unit = Annotated[float, Field(ge=0.0, le=1.0)]
 Background = Literal["white", "black"] | tuple[Unit, Unit, Unit]
 Output = Literal["rgb", "depth", "alpha"]
 ImageFormat = Literal["png", "jpeg"]
-RIGID_TOL = 1e-3
+RIGID_TOL = 1e-2  # clients send rounded matrices; the worker re-orthonormalises what passes
 MAX_SIDE = 16384
 
 

@@ -13,11 +13,11 @@ import logging
 import time
 from typing import Any
 
-import numpy as np
 import torch
 
 from worker.cameras import path_cameras, resolve_request_camera, world_distance
 from worker.jobs import RenderError, pick_device
+from worker.jobs.scene_render import PATH_PIXEL_BUDGET_FRAMES, clean_camera, output_pixels
 from worker.nerf.data import Dataset, background_rgb, read_meta
 from worker.nerf.encode import CONTENT_TYPES, encode_frames, encode_image, to_uint8
 from worker.nerf.evaluate import background_psnr, evaluate
@@ -26,8 +26,6 @@ from worker.nerf.rendering import render_image
 from worker.nerf.trainer import NerfTrainer, load_field_and_grid
 
 log = logging.getLogger(__name__)
-# A path may not ask for more than this many render-limit frames in total (time, memory).
-PATH_PIXEL_BUDGET_FRAMES = 64
 CURVE_FRAMES = 10
 CURVE_INTERVAL_S = 30.0  # training seconds between test-PSNR curve points
 
@@ -168,43 +166,6 @@ def _render_one(model: _Model, cam):
             alpha.reshape(h, w).cpu().numpy())
 
 
-def _output(rgb, depth, alpha, output: str) -> tuple[np.ndarray, dict[str, str]]:
-    """uint8 pixels of the requested output and the PNG text that explains them."""
-    if output == "rgb":
-        return to_uint8(rgb), {}
-    if output == "alpha":
-        return to_uint8(alpha), {"nf-output": "alpha"}
-    # Depth: near -> 255 ... far -> 1 (linear in world units); 0 = no surface.
-    hit = alpha > 0.5
-    if not hit.any():
-        return np.zeros(depth.shape, np.uint8), {"nf-output": "depth", "nf-depth-near": "0", "nf-depth-far": "0"}
-    near, far = float(depth[hit].min()), float(depth[hit].max())
-    span = max(far - near, 1e-9)
-    img = np.where(hit, 255.0 - 254.0 * (depth - near) / span, 0.0)
-    return np.clip(np.round(img), 0, 255).astype(np.uint8), {
-        "nf-output": "depth", "nf-depth-near": f"{near:.6g}", "nf-depth-far": f"{far:.6g}",
-        "nf-depth-rule": "value = 255 - 254 * (depth - near) / (far - near); 0 = no surface; world units"}
-
-
-def _rigid(c2w, what: str) -> list[list[float]]:
-    """A request c2w re-orthonormalised (clients send rounded matrices; a scaled rotation would
-    bend rays); RenderError for reflections and matrices that are not rigid at all."""
-    m = np.asarray(c2w, dtype=np.float64)
-    u, _, vt = np.linalg.svd(m[:3, :3])
-    r = u @ vt
-    if np.linalg.det(r) < 0 or np.abs(m[:3, :3] - r).max() > 1e-2:
-        raise RenderError(422, f"{what}: c2w is not a rigid transform (its 3x3 part must be a rotation)")
-    out = np.eye(4)
-    out[:3, :3], out[:3, 3] = r, m[:3, 3]
-    return out.tolist()
-
-
-def _clean_camera(cam: dict[str, Any] | None, what: str) -> dict[str, Any]:
-    if cam is None:
-        raise RenderError(422, "nerf renders need a camera: {c2w: 4x4} or {look_at: {eye, target, up}}")
-    return {**cam, "c2w": _rigid(cam["c2w"], what)} if cam.get("c2w") is not None else cam
-
-
 def _setup(checkpoint, request: dict[str, Any]) -> tuple[_Model, bool]:
     model, hit = _model_for(checkpoint)
     model.background = torch.tensor(_background(request, model), device=model.device)
@@ -212,10 +173,10 @@ def _setup(checkpoint, request: dict[str, Any]) -> tuple[_Model, bool]:
 
 
 def render(job, checkpoint, request: dict[str, Any]) -> tuple[bytes, str]:
-    request = {**request, "camera": _clean_camera(request.get("camera"), "camera")}
+    request = {**request, "camera": clean_camera(request.get("camera"), "camera")}
     model, hit = _setup(checkpoint, request)
     cam = resolve_request_camera(request, model.camera_meta)
-    pixels, text = _output(*_render_one(model, cam), request.get("output", "rgb"))
+    pixels, text = output_pixels(*_render_one(model, cam), request.get("output", "rgb"))
     fmt = request.get("format", "png")
     text.update({"nf-model-cache": "hit" if hit else "miss", "nf-checkpoint-step": str(checkpoint.step)})
     return encode_image(pixels, fmt, text), CONTENT_TYPES[fmt]
@@ -226,7 +187,7 @@ def render_path(job, checkpoint, request: dict[str, Any]) -> tuple[bytes, str]:
     if fmt not in ("webp", "zip", "gif"):
         raise RenderError(422, f"format {fmt!r} is not available here; use webp, gif or zip")
     if request.get("poses") is not None:
-        request = {**request, "poses": [_clean_camera(c, f"poses[{i}]") for i, c in enumerate(request["poses"])]}
+        request = {**request, "poses": [clean_camera(c, f"poses[{i}]") for i, c in enumerate(request["poses"])]}
     elif request.get("orbit") is None:
         raise RenderError(422, "give poses or an orbit")
     width, height = int(request["width"]), int(request["height"])
@@ -239,5 +200,5 @@ def render_path(job, checkpoint, request: dict[str, Any]) -> tuple[bytes, str]:
                                f"pixels ({PATH_PIXEL_BUDGET_FRAMES} x MAX_RENDER_PIXELS); use fewer or smaller frames")
     model, _ = _setup(checkpoint, request)
     output = request.get("output", "rgb")
-    frames = [_output(*_render_one(model, cam), output)[0] for cam in path_cameras(request, model.camera_meta)]
+    frames = [output_pixels(*_render_one(model, cam), output)[0] for cam in path_cameras(request, model.camera_meta)]
     return encode_frames(frames, fmt, int(request.get("fps", 24))), CONTENT_TYPES[fmt]

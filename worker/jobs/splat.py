@@ -17,7 +17,7 @@ import torch
 from worker.cameras import path_cameras, resolve_request_camera, world_distance
 from worker.jobs import RenderError, pick_device
 # kind=nerf's request clean-up and output encodings, shared so both kinds answer alike
-from worker.jobs.nerf import PATH_PIXEL_BUDGET_FRAMES, _clean_camera, _output
+from worker.jobs.scene_render import PATH_PIXEL_BUDGET_FRAMES, clean_camera, output_pixels
 from worker.nerf.data import Dataset, background_rgb, composite_background, read_meta
 from worker.nerf.encode import CONTENT_TYPES, encode_frames, encode_image, to_uint8
 from worker.nerf.evaluate import psnr_np, ssim_np
@@ -134,10 +134,10 @@ def _render_one(model: _Model, rc, request: dict[str, Any]):
 
 
 def render(job, checkpoint, request: dict[str, Any]) -> tuple[bytes, str]:
-    request = {**request, "camera": _clean_camera(request.get("camera"), "camera")}
+    request = {**request, "camera": clean_camera(request.get("camera"), "camera")}
     model, hit = _model_for(checkpoint)
     rc = resolve_request_camera(request, model.camera_meta)
-    pixels, text = _output(*_render_one(model, rc, request), request.get("output", "rgb"))
+    pixels, text = output_pixels(*_render_one(model, rc, request), request.get("output", "rgb"))
     fmt = request.get("format", "png")
     text.update({"nf-model-cache": "hit" if hit else "miss", "nf-checkpoint-step": str(checkpoint.step)})
     return encode_image(pixels, fmt, text), CONTENT_TYPES[fmt]
@@ -148,7 +148,7 @@ def render_path(job, checkpoint, request: dict[str, Any]) -> tuple[bytes, str]:
     if fmt not in ("webp", "zip", "gif"):
         raise RenderError(422, f"format {fmt!r} is not available here; use webp, gif or zip")
     if request.get("poses") is not None:
-        request = {**request, "poses": [_clean_camera(c, f"poses[{i}]") for i, c in enumerate(request["poses"])]}
+        request = {**request, "poses": [clean_camera(c, f"poses[{i}]") for i, c in enumerate(request["poses"])]}
     elif request.get("orbit") is None:
         raise RenderError(422, "give poses or an orbit")
     width, height = int(request["width"]), int(request["height"])
@@ -161,5 +161,5 @@ def render_path(job, checkpoint, request: dict[str, Any]) -> tuple[bytes, str]:
                                f"pixels ({PATH_PIXEL_BUDGET_FRAMES} x MAX_RENDER_PIXELS); use fewer or smaller frames")
     model, _ = _model_for(checkpoint)
     output = request.get("output", "rgb")
-    frames = [_output(*_render_one(model, rc, request), output)[0] for rc in path_cameras(request, model.camera_meta)]
+    frames = [output_pixels(*_render_one(model, rc, request), output)[0] for rc in path_cameras(request, model.camera_meta)]
     return encode_frames(frames, fmt, int(request.get("fps", 24))), CONTENT_TYPES[fmt]
