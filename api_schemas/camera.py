@@ -43,7 +43,7 @@ class LookAt(_Strict):
     up: Vec3 | None = Field(None, description="world up; default: the dataset's average camera up")
 
     @model_validator(mode="after")
-    def _not_degenerate(self) -> "LookAt":
+    def _not_degenerate(self) -> LookAt:
         view = tuple(t - e for t, e in zip(self.target, self.eye))
         if _norm(view) < 1e-9:
             raise ValueError("look_at: eye and target are the same point")
@@ -68,8 +68,11 @@ def check_c2w(m: list[list[float]]) -> list[list[float]]:
             dot = sum(r[k][i] * r[k][j] for k in range(3))
             if abs(dot - (1.0 if i == j else 0.0)) > RIGID_TOL:
                 raise ValueError("c2w rotation part is not orthonormal (scaled or sheared camera)")
-    det = (r[0][0] * (r[1][1] * r[2][2] - r[1][2] * r[2][1]) - r[0][1] * (r[1][0] * r[2][2] - r[1][2] * r[2][0])
-           + r[0][2] * (r[1][0] * r[2][1] - r[1][1] * r[2][0]))
+    det = (
+        r[0][0] * (r[1][1] * r[2][2] - r[1][2] * r[2][1])
+        - r[0][1] * (r[1][0] * r[2][2] - r[1][2] * r[2][0])
+        + r[0][2] * (r[1][0] * r[2][1] - r[1][1] * r[2][0])
+    )
     if det <= 0:
         raise ValueError("c2w rotation part is a reflection (determinant must be +1)")
     return [list(map(float, row)) for row in m[:3]] + [[0.0, 0.0, 0.0, 1.0]]
@@ -78,7 +81,9 @@ def check_c2w(m: list[list[float]]) -> list[list[float]]:
 class Pose(_Strict):
     """Exactly one of `c2w` and `look_at`."""
 
-    c2w: list[list[float]] | None = Field(None, description="4x4 or 3x4 camera-to-world, OpenGL axes")
+    c2w: list[list[float]] | None = Field(
+        None, description="4x4 or 3x4 camera-to-world, OpenGL axes"
+    )
     look_at: LookAt | None = None
 
     @field_validator("c2w")
@@ -119,8 +124,11 @@ class Intrinsics(_Strict):
 
     @model_validator(mode="after")
     def _one_form(self):
-        forms = [self.fov_x_deg is not None, self.fov_y_deg is not None,
-                 any(v is not None for v in (self.fx, self.fy, self.cx, self.cy))]
+        forms = [
+            self.fov_x_deg is not None,
+            self.fov_y_deg is not None,
+            any(v is not None for v in (self.fx, self.fy, self.cx, self.cy)),
+        ]
         if sum(forms) > 1:
             raise ValueError("give only one of fov_x_deg, fov_y_deg, or fx/fy/cx/cy")
         if forms[2] and self.fx is None and self.fy is None:
@@ -143,7 +151,9 @@ class Orbit(_Strict):
     elevation_deg: float = Field(20.0, gt=-90, lt=90, description="above the plane normal to `up`")
     n_frames: int = Field(36, ge=1, le=720)
     start_azimuth_deg: float = 0.0
-    up: Vec3 | None = Field(None, description="orbit axis; default: the dataset's average camera up")
+    up: Vec3 | None = Field(
+        None, description="orbit axis; default: the dataset's average camera up"
+    )
 
     @field_validator("up")
     @classmethod

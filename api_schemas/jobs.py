@@ -45,11 +45,15 @@ class Job(BaseModel):
     status: JobStatus = JobStatus.queued
     created_at: datetime
     updated_at: datetime
-    config: dict[str, Any] = Field(default_factory=dict, description="effective config, defaults filled in")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="effective config, defaults filled in"
+    )
     progress: Progress = Field(default_factory=Progress)
     metrics: dict[str, Any] = Field(default_factory=dict, description="final metrics (image: psnr)")
     error: str | None = Field(None, description="readable message when failed")
-    dataset: dict[str, Any] = Field(default_factory=dict, description="what intake found in the upload")
+    dataset: dict[str, Any] = Field(
+        default_factory=dict, description="what intake found in the upload"
+    )
 
 
 class JobList(BaseModel):

@@ -17,30 +17,51 @@ class NerfConfig(BaseModel):
     # Optimisation
     steps: int = Field(3000, ge=1, le=1_000_000, description="training steps")
     lr: float = Field(1e-2, gt=0, le=1.0)
-    lr_final_factor: float = Field(0.1, gt=0, le=1.0, description="lr decays exponentially to lr * this at the end")
+    lr_final_factor: float = Field(
+        0.1, gt=0, le=1.0, description="lr decays exponentially to lr * this at the end"
+    )
     adam_betas: tuple[float, float] = (0.9, 0.99)
     adam_eps: float = Field(1e-15, gt=0, le=1e-3)
-    weight_decay: float = Field(1e-6, ge=0, le=1.0, description="on MLP weights only (not the hash tables)")
-    samples_per_step: int = Field(65_536, ge=1024, le=1 << 22,
-                                  description="target number of samples per batch; rays per batch adapt to it")
+    weight_decay: float = Field(
+        1e-6, ge=0, le=1.0, description="on MLP weights only (not the hash tables)"
+    )
+    samples_per_step: int = Field(
+        65_536,
+        ge=1024,
+        le=1 << 22,
+        description="target number of samples per batch; rays per batch adapt to it",
+    )
     max_rays_per_step: int = Field(16_384, ge=64, le=1 << 20)
-    time_limit_s: float | None = Field(None, gt=0, description="stop training early after this long")
+    time_limit_s: float | None = Field(
+        None, gt=0, description="stop training early after this long"
+    )
     seed: int = Field(0, ge=0)
 
     # Hash grid encoding
     n_levels: int = Field(16, ge=1, le=32)
     features_per_level: Literal[1, 2, 4, 8] = 2
-    log2_hashmap_size: int = Field(19, ge=14, le=24, description="hash table size per level, 2^14 to 2^24 (kernels.HashGrid)")
+    log2_hashmap_size: int = Field(
+        19, ge=14, le=24, description="hash table size per level, 2^14 to 2^24 (kernels.HashGrid)"
+    )
     base_resolution: int = Field(16, ge=2, le=1024)
-    max_resolution: int = Field(2048, ge=2, le=1 << 16, description="finest level resolution (per unit box)")
+    max_resolution: int = Field(
+        2048, ge=2, le=1 << 16, description="finest level resolution (per unit box)"
+    )
 
     # Networks
     density_hidden: int = Field(64, ge=8, le=512)
     density_layers: int = Field(1, ge=1, le=8)
-    geo_features: int = Field(15, ge=1, le=128, description="geometry features passed to the colour MLP")
+    geo_features: int = Field(
+        15, ge=1, le=128, description="geometry features passed to the colour MLP"
+    )
     color_hidden: int = Field(64, ge=8, le=512)
     color_layers: int = Field(2, ge=1, le=8)
-    sh_degree: int = Field(4, ge=1, le=4, description="SH bands of the direction encoding (degree**2 coefficients; the kernel has 1-4)")
+    sh_degree: int = Field(
+        4,
+        ge=1,
+        le=4,
+        description="SH bands of the direction encoding (degree**2 coefficients; the kernel has 1-4)",
+    )
 
     # Occupancy grid and ray marching
     occupancy_resolution: int = Field(128, ge=16, le=512)
@@ -48,9 +69,15 @@ class NerfConfig(BaseModel):
     occupancy_warmup_steps: int = Field(256, ge=0)
     occupancy_threshold: float = Field(0.01, gt=0)
     occupancy_decay: float = Field(0.95, gt=0, lt=1)
-    max_samples_per_ray: int = Field(1024, ge=16, le=8192, description="march step = box diagonal / this")
-    cone_angle: float = Field(0.0, ge=0, le=0.1, description="0: constant steps (synthetic); 1/256 for large scenes")
-    aabb_scale: int | None = Field(None, description="override the dataset's box half size (1, 2, 4, ... 128)")
+    max_samples_per_ray: int = Field(
+        1024, ge=16, le=8192, description="march step = box diagonal / this"
+    )
+    cone_angle: float = Field(
+        0.0, ge=0, le=0.1, description="0: constant steps (synthetic); 1/256 for large scenes"
+    )
+    aabb_scale: int | None = Field(
+        None, description="override the dataset's box half size (1, 2, 4, ... 128)"
+    )
 
     # Backgrounds: random while training (RGBA data), fixed for evaluation and rendering.
     train_background: Literal["random", "white", "black"] = "random"

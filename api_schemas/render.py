@@ -12,7 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 # One definition of a pose for every request: c2w must be rigid, and look_at/orbit without `up`
 # take the dataset's own world up (Blender scenes are z-up, COLMAP ones mostly -y).
-from api_schemas.camera import LookAt, Orbit, Pose as Camera
+from api_schemas.camera import Orbit
+from api_schemas.camera import Pose as Camera
+
 
 class Intrinsics(BaseModel):
     """Field of view in degrees (horizontal or vertical), or pixel focal lengths; default: the dataset's."""
@@ -25,7 +27,8 @@ class Intrinsics(BaseModel):
     cy: float | None = None
     output: Literal["rgb", "depth", "alpha"] = "rgb"
     background: Literal["white", "black"] | tuple[float, float, float] | None = Field(
-        None, description="colour behind the scene; default white")
+        None, description="colour behind the scene; default white"
+    )
 
     @field_validator("background")
     @classmethod
@@ -40,7 +43,9 @@ class RenderRequest(Intrinsics):
 
     width: int = Field(..., ge=1, le=16384)
     height: int = Field(..., ge=1, le=16384)
-    camera: Camera | None = Field(None, description="required for scene kinds, refused by image jobs")
+    camera: Camera | None = Field(
+        None, description="required for scene kinds, refused by image jobs"
+    )
     format: Literal["png", "jpeg"] = "png"
 
 

@@ -14,14 +14,20 @@ class SplatConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     steps: int = Field(3000, ge=1, le=1_000_000, description="training steps (one image per step)")
-    time_limit_s: float | None = Field(None, gt=0, description="stop training early after this long")
+    time_limit_s: float | None = Field(
+        None, gt=0, description="stop training early after this long"
+    )
     seed: int = Field(0, ge=0)
 
     # Initialisation
     init: Literal["auto", "random", "points3d"] = Field(
-        "auto", description="auto: COLMAP points3D.txt when the upload has one, else random points in the scene box")
+        "auto",
+        description="auto: COLMAP points3D.txt when the upload has one, else random points in the scene box",
+    )
     n_init_points: int = Field(20_000, ge=1, le=2_000_000, description="random initialisation")
-    init_extent: float = Field(0.5, gt=0, le=1.0, description="random points fill this fraction of the scene box")
+    init_extent: float = Field(
+        0.5, gt=0, le=1.0, description="random points fill this fraction of the scene box"
+    )
     sh_degree: int = Field(3, ge=0, le=3)
     sh_increase_every: int = Field(500, ge=1, description="one more SH band every this many steps")
 
@@ -39,21 +45,35 @@ class SplatConfig(BaseModel):
     densify_from: int = Field(100, ge=0)
     densify_until: float = Field(0.5, gt=0, le=1.0, description="fraction of `steps`")
     densify_every: int = Field(100, ge=1)
-    densify_grad_threshold: float = Field(2e-4, gt=0, description="mean view-space (NDC) gradient norm")
-    percent_dense: float = Field(0.01, gt=0, le=1.0, description="clone below / split above this scene fraction")
+    densify_grad_threshold: float = Field(
+        2e-4, gt=0, description="mean view-space (NDC) gradient norm"
+    )
+    percent_dense: float = Field(
+        0.01, gt=0, le=1.0, description="clone below / split above this scene fraction"
+    )
     prune_opacity: float = Field(0.005, gt=0, lt=1.0)
-    prune_screen_size: float = Field(0.1, gt=0, le=4.0, description="prune splats whose radius exceeds this image fraction")
-    prune_world_size: float = Field(0.1, gt=0, le=10.0, description="prune splats larger than this scene fraction")
+    prune_screen_size: float = Field(
+        0.1, gt=0, le=4.0, description="prune splats whose radius exceeds this image fraction"
+    )
+    prune_world_size: float = Field(
+        0.1, gt=0, le=10.0, description="prune splats larger than this scene fraction"
+    )
     opacity_reset_every: int = Field(3000, ge=1)
     max_gaussians: int = Field(300_000, ge=1, le=10_000_000)
 
     # Images and compositing
-    train_resolution: int | None = Field(None, ge=16, le=4096, description="train on images downscaled to this width")
+    train_resolution: int | None = Field(
+        None, ge=16, le=4096, description="train on images downscaled to this width"
+    )
     train_background: Literal["random", "white", "black"] = "random"
     background: Background = "white"
-    method: Literal["tiled", "naive", "reference"] = Field("tiled", description="compositor used for training")
+    method: Literal["tiled", "naive", "reference"] = Field(
+        "tiled", description="compositor used for training"
+    )
 
     # Bookkeeping
     checkpoint_every: int = Field(1000, ge=1, le=1_000_000)
     n_test_renders: int = Field(4, ge=0, le=64)
-    aabb_scale: int | None = Field(None, description="override the dataset's box half size (1, 2, 4, ... 128)")
+    aabb_scale: int | None = Field(
+        None, description="override the dataset's box half size (1, 2, 4, ... 128)"
+    )

@@ -18,10 +18,11 @@ WORKDIR /app
 # Editable: the image runs the copied source tree, so package data (static files) needs no
 # packaging rules to be found.
 COPY pyproject.toml ./
-RUN mkdir -p api_schemas service && touch api_schemas/__init__.py service/__init__.py \
+RUN mkdir -p api_schemas core service && touch api_schemas/__init__.py core/__init__.py service/__init__.py \
  && pip install -e .
 
 COPY api_schemas ./api_schemas
+COPY core ./core
 COPY service ./service
 COPY docker/bin/ /usr/local/bin/
 

@@ -46,12 +46,12 @@ WORKDIR /app
 # Dependencies first, against empty package stubs, so a code change does not reinstall them.
 # torch is already there, so `.[worker]` keeps the build chosen above.
 COPY pyproject.toml ./
-RUN mkdir -p api_schemas service worker kernels \
- && touch api_schemas/__init__.py service/__init__.py worker/__init__.py kernels/__init__.py \
+RUN mkdir -p api_schemas core worker kernels \
+ && touch api_schemas/__init__.py core/__init__.py worker/__init__.py kernels/__init__.py \
  && pip install -e '.[worker]'
 
 COPY api_schemas ./api_schemas
-COPY service ./service
+COPY core ./core
 COPY worker ./worker
 COPY kernels ./kernels
 COPY docker/bin/ /usr/local/bin/

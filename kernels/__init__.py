@@ -6,15 +6,32 @@ See docs/kernels.md for signatures and a training-step example.
 from ._ext import KernelBuildError
 from .composite import composite, composite_reference, ray_offsets, render_weights_reference
 from .hash_grid import HashGrid, hash_grid_reference
-from .marching import PackedSamples, march_reference, march_rays
+from .marching import PackedSamples, march_rays, march_reference
 from .occupancy import OccupancyGrid, bitfield_reference, morton3d, morton3d_invert
 from .sh import sh_encode, sh_reference
 from .splat import rasterize, rasterize_reference, tile_bins
 from .splat_project import covariance_3d, project_gaussians
 
 __all__ = [
-    "HashGrid", "hash_grid_reference", "sh_encode", "sh_reference", "composite", "composite_reference",
-    "render_weights_reference", "ray_offsets", "KernelBuildError", "OccupancyGrid", "bitfield_reference",
-    "morton3d", "morton3d_invert", "march_rays", "march_reference", "PackedSamples",
-    "rasterize", "rasterize_reference", "tile_bins", "project_gaussians", "covariance_3d",
+    "HashGrid",
+    "hash_grid_reference",
+    "sh_encode",
+    "sh_reference",
+    "composite",
+    "composite_reference",
+    "render_weights_reference",
+    "ray_offsets",
+    "KernelBuildError",
+    "OccupancyGrid",
+    "bitfield_reference",
+    "morton3d",
+    "morton3d_invert",
+    "march_rays",
+    "march_reference",
+    "PackedSamples",
+    "rasterize",
+    "rasterize_reference",
+    "tile_bins",
+    "project_gaussians",
+    "covariance_3d",
 ]

@@ -19,9 +19,24 @@ from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 CPU_SOURCES = ["cpu_ops.cpp"]
-CUDA_SOURCES = ["cuda_binding.cpp", "hash_grid.cu", "sh.cu", "composite.cu", "occupancy.cu", "marching.cu"]
-HEADERS = ["common.h", "hash_grid.h", "sh.h", "composite.h", "occupancy.h", "marching.h", "launchers.h",
-           "cuda_common.cuh"]
+CUDA_SOURCES = [
+    "cuda_binding.cpp",
+    "hash_grid.cu",
+    "sh.cu",
+    "composite.cu",
+    "occupancy.cu",
+    "marching.cu",
+]
+HEADERS = [
+    "common.h",
+    "hash_grid.h",
+    "sh.h",
+    "composite.h",
+    "occupancy.h",
+    "marching.h",
+    "launchers.h",
+    "cuda_common.cuh",
+]
 
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}
@@ -59,7 +74,9 @@ def _require_tools(compiler_env: str, default: str) -> None:
         missing.append(f"C++ compiler '{cxx}' (apt-get install g++, or set ${compiler_env})")
     include = sysconfig.get_paths().get("include")
     if not include or not (Path(include) / "Python.h").exists():
-        missing.append(f"Python headers (Python.h not found in {include}; apt-get install python3-dev)")
+        missing.append(
+            f"Python headers (Python.h not found in {include}; apt-get install python3-dev)"
+        )
     if missing:
         raise KernelBuildError("cannot build the kernels extension, missing: " + "; ".join(missing))
 
@@ -89,7 +106,9 @@ def load_cpu():
                 verbose=bool(os.environ.get("KERNELS_VERBOSE")),
             )
         except Exception as exc:  # cpp_extension raises RuntimeError/OSError/CalledProcessError
-            raise KernelBuildError(f"building the CPU kernels extension failed ({type(exc).__name__}): {exc}") from exc
+            raise KernelBuildError(
+                f"building the CPU kernels extension failed ({type(exc).__name__}): {exc}"
+            ) from exc
         _loaded["cpu"] = mod
         return mod
 
@@ -108,11 +127,15 @@ def load_cuda():
         import torch
 
         if torch.version.cuda is None:
-            raise KernelBuildError("cannot build the CUDA kernels: this torch build has no CUDA (torch.version.cuda is None)")
+            raise KernelBuildError(
+                "cannot build the CUDA kernels: this torch build has no CUDA (torch.version.cuda is None)"
+            )
         import torch.utils.cpp_extension as cpp
 
         if cpp.CUDA_HOME is None or shutil.which(str(Path(cpp.CUDA_HOME) / "bin" / "nvcc")) is None:
-            raise KernelBuildError("cannot build the CUDA kernels, missing: nvcc (set CUDA_HOME to a CUDA toolkit)")
+            raise KernelBuildError(
+                "cannot build the CUDA kernels, missing: nvcc (set CUDA_HOME to a CUDA toolkit)"
+            )
         _require_tools("CXX", "c++")
         name = f"kernels_cuda_{_source_hash()}"
         out = build_dir() / "cuda" / name
@@ -129,7 +152,9 @@ def load_cuda():
                 verbose=bool(os.environ.get("KERNELS_VERBOSE")),
             )
         except Exception as exc:
-            raise KernelBuildError(f"building the CUDA kernels extension failed ({type(exc).__name__}): {exc}") from exc
+            raise KernelBuildError(
+                f"building the CUDA kernels extension failed ({type(exc).__name__}): {exc}"
+            ) from exc
         _loaded["cuda"] = mod
         return mod
 
@@ -140,7 +165,9 @@ def for_tensor(t):
         return load_cpu()
     if t.device.type == "cuda":
         return load_cuda()
-    raise KernelBuildError(f"no compiled kernels for device type '{t.device.type}' (use backend='reference')")
+    raise KernelBuildError(
+        f"no compiled kernels for device type '{t.device.type}' (use backend='reference')"
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

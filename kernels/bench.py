@@ -43,13 +43,16 @@ def _medians_ms(fns, repeats, device):
 
 
 def bench_hash_grid(device, dims=3, n=2**18):
-    grid = kernels.HashGrid(dims, 16, 2, 19, 16, finest_resolution=2048 if dims == 3 else 4096).to(device)
+    grid = kernels.HashGrid(dims, 16, 2, 19, 16, finest_resolution=2048 if dims == 3 else 4096).to(
+        device
+    )
     x = torch.rand(n, dims, device=device)
     w = torch.randn(n, grid.n_output_dims, device=device)
 
     def run(backend):
         def f():
             return torch.autograd.grad(grid(x, backend=backend), grid.params, w)
+
         return f
 
     return f"hash_grid_{dims}d_fwd_bwd", n, run
@@ -57,7 +60,7 @@ def bench_hash_grid(device, dims=3, n=2**18):
 
 def bench_sh(device, n=2**18):
     d = torch.nn.functional.normalize(torch.randn(n, 3, device=device), dim=-1)
-    return "sh_encode_fwd", n, lambda b: (lambda: kernels.sh_encode(d, 4, backend=b))
+    return "sh_encode_fwd", n, lambda b: lambda: kernels.sh_encode(d, 4, backend=b)
 
 
 def bench_composite(device, n=2**18, per_ray=64):
@@ -68,12 +71,17 @@ def bench_composite(device, n=2**18, per_ray=64):
     t1 = t0 + dt
     sig = (torch.rand(n, device=device) * 10).requires_grad_(True)
     rgb = torch.rand(n, 3, device=device).requires_grad_(True)
-    gw = [torch.randn(n_rays, 3, device=device), torch.randn(n_rays, device=device), torch.randn(n_rays, device=device)]
+    gw = [
+        torch.randn(n_rays, 3, device=device),
+        torch.randn(n_rays, device=device),
+        torch.randn(n_rays, device=device),
+    ]
 
     def run(backend):
         def f():
             out = kernels.composite(sig, rgb, t0, t1, ri, n_rays, background=1.0, backend=backend)
             return torch.autograd.grad(out, [sig, rgb], gw)
+
         return f
 
     return "composite_fwd_bwd", n, run
@@ -90,18 +98,33 @@ def bench_march(device, n=2**14):
     gen = torch.Generator(device="cpu").manual_seed(0)
     o = torch.randn(n, 3, generator=gen)
     o = (2.5 * o / o.norm(dim=-1, keepdim=True)).to(device)
-    d = torch.nn.functional.normalize(-o + 0.5 * torch.randn(n, 3, generator=gen).to(device), dim=-1)
-    return "march_rays", n, lambda b: (lambda: kernels.march_rays(o, d, grid, render_step_size=2 * math.sqrt(3) / 1024,
-                                                                  max_samples=1024, backend=b))
+    d = torch.nn.functional.normalize(
+        -o + 0.5 * torch.randn(n, 3, generator=gen).to(device), dim=-1
+    )
+    return (
+        "march_rays",
+        n,
+        lambda b: (
+            lambda: kernels.march_rays(
+                o, d, grid, render_step_size=2 * math.sqrt(3) / 1024, max_samples=1024, backend=b
+            )
+        ),
+    )
 
 
 def bench_bitfield(device):
     grid = _scene_grid(device)
-    return "occupancy_binarize", grid.n_cells, lambda b: (lambda: grid.binarize(backend=b))
+    return "occupancy_binarize", grid.n_cells, lambda b: lambda: grid.binarize(backend=b)
 
 
-BENCHES = {"hash_grid": bench_hash_grid, "hash_grid_2d": lambda dev: bench_hash_grid(dev, dims=2),
-           "sh": bench_sh, "composite": bench_composite, "march": bench_march, "bitfield": bench_bitfield}
+BENCHES = {
+    "hash_grid": bench_hash_grid,
+    "hash_grid_2d": lambda dev: bench_hash_grid(dev, dims=2),
+    "sh": bench_sh,
+    "composite": bench_composite,
+    "march": bench_march,
+    "bitfield": bench_bitfield,
+}
 
 
 def main(argv=None) -> int:
@@ -117,10 +140,24 @@ def main(argv=None) -> int:
     for name in args.ops.split(","):
         op, size, make = BENCHES[name](device)
         ref_ms, ext_ms = _medians_ms([make("reference"), make("ext")], args.repeats, device)
-        print(json.dumps({"op": op, "size": size, "device": str(device), "threads": torch.get_num_threads(),
-                          "repeats": args.repeats, "reference_ms": round(ref_ms, 3), "ext_ms": round(ext_ms, 3),
-                          "speedup": round(ref_ms / ext_ms, 2)}), flush=True)
-    if args.ops == ",".join(BENCHES):  # full run: the splat compositor rows too (naive vs tiled vs reference)
+        print(
+            json.dumps(
+                {
+                    "op": op,
+                    "size": size,
+                    "device": str(device),
+                    "threads": torch.get_num_threads(),
+                    "repeats": args.repeats,
+                    "reference_ms": round(ref_ms, 3),
+                    "ext_ms": round(ext_ms, 3),
+                    "speedup": round(ref_ms / ext_ms, 2),
+                }
+            ),
+            flush=True,
+        )
+    if args.ops == ",".join(
+        BENCHES
+    ):  # full run: the splat compositor rows too (naive vs tiled vs reference)
         from kernels import splat_bench
 
         splat_bench.main(["--device", args.device, "--repeats", str(args.repeats)])

@@ -28,10 +28,14 @@ def _smoke(device: str) -> None:
     grid = kernels.OccupancyGrid([-1, -1, -1, 1, 1, 1], resolution=16).to(dev)
     grid.binarize()
     o = torch.tensor([[0.0, 0.0, -3.0]], device=dev)
-    s = kernels.march_rays(o, torch.tensor([[0.0, 0.0, 1.0]], device=dev), grid, render_step_size=0.1)
+    s = kernels.march_rays(
+        o, torch.tensor([[0.0, 0.0, 1.0]], device=dev), grid, render_step_size=0.1
+    )
     sig = torch.ones(s.n_samples, device=dev, requires_grad=True)
     rgb = torch.full((s.n_samples, 3), 0.5, device=dev)
-    kernels.composite(sig, rgb, s.t_starts, s.t_ends, s.ray_indices, 1, offsets=s.offsets)[0].sum().backward()
+    kernels.composite(sig, rgb, s.t_starts, s.t_ends, s.ray_indices, 1, offsets=s.offsets)[
+        0
+    ].sum().backward()
 
 
 def _build(name: str, loader, device: str, smoke: bool = True) -> dict:
@@ -43,15 +47,28 @@ def _build(name: str, loader, device: str, smoke: bool = True) -> dict:
         if smoke:
             _smoke(device)
     except Exception as exc:  # report, then let main decide the exit status
-        return {"backend": name, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000],
-                "seconds": round(time.perf_counter() - t, 1)}
-    return {"backend": name, "ok": True, "module": getattr(mod, "__file__", str(mod)), "build_dir": str(_ext.build_dir()),
-            "seconds": round(time.perf_counter() - t, 1)}
+        return {
+            "backend": name,
+            "ok": False,
+            "error": f"{type(exc).__name__}: {exc}"[:2000],
+            "seconds": round(time.perf_counter() - t, 1),
+        }
+    return {
+        "backend": name,
+        "ok": True,
+        "module": getattr(mod, "__file__", str(mod)),
+        "build_dir": str(_ext.build_dir()),
+        "seconds": round(time.perf_counter() - t, 1),
+    }
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--require-cuda", action="store_true", help="fail unless the CUDA extension builds too")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--require-cuda", action="store_true", help="fail unless the CUDA extension builds too"
+    )
     args = ap.parse_args(argv)
     from kernels import _ext
 
@@ -69,7 +86,9 @@ def main(argv=None) -> int:
         if not cuda["ok"]:
             status = 1
     else:
-        print(json.dumps({"backend": "cuda", "ok": False, "skipped": "torch has no CUDA"}), flush=True)
+        print(
+            json.dumps({"backend": "cuda", "ok": False, "skipped": "torch has no CUDA"}), flush=True
+        )
         if args.require_cuda:
             status = 1
     return status

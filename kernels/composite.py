@@ -14,7 +14,9 @@ def ray_offsets(ray_indices: torch.Tensor, n_rays: int) -> torch.Tensor:
     """(n_rays + 1,) int64 start offsets of each ray's samples; ray_indices must be sorted."""
     ri = ray_indices.long()
     if ri.numel() and ((ri[1:] < ri[:-1]).any() or ri[0] < 0 or ri[-1] >= n_rays):
-        raise ValueError("ray_indices must be sorted (samples packed per ray) and within [0, n_rays)")
+        raise ValueError(
+            "ray_indices must be sorted (samples packed per ray) and within [0, n_rays)"
+        )
     counts = torch.bincount(ri, minlength=n_rays)
     offsets = torch.zeros(n_rays + 1, dtype=torch.int64, device=ri.device)
     torch.cumsum(counts, 0, out=offsets[1:])
@@ -50,8 +52,12 @@ def _prefix_all(mask, ri, offsets):
 def composite_reference(sigmas, rgbs, t_starts, t_ends, ray_indices, n_rays, offsets=None):
     w = render_weights_reference(sigmas, t_starts, t_ends, ray_indices, n_rays, offsets)
     ri = ray_indices.long()
-    rgb = torch.zeros(n_rays, 3, dtype=rgbs.dtype, device=rgbs.device).index_add(0, ri, w[:, None] * rgbs)
-    depth = torch.zeros(n_rays, dtype=w.dtype, device=w.device).index_add(0, ri, w * 0.5 * (t_starts + t_ends))
+    rgb = torch.zeros(n_rays, 3, dtype=rgbs.dtype, device=rgbs.device).index_add(
+        0, ri, w[:, None] * rgbs
+    )
+    depth = torch.zeros(n_rays, dtype=w.dtype, device=w.device).index_add(
+        0, ri, w * 0.5 * (t_starts + t_ends)
+    )
     opacity = torch.zeros(n_rays, dtype=w.dtype, device=w.device).index_add(0, ri, w)
     return rgb, depth, opacity
 
@@ -60,7 +66,9 @@ class _CompositeFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, sigmas, rgbs, t_starts, t_ends, offsets):
         mod = _ext.for_tensor(sigmas)
-        rgb, depth, opacity = mod.composite_forward(sigmas, rgbs, t_starts, t_ends, offsets, EARLY_STOP_T)
+        rgb, depth, opacity = mod.composite_forward(
+            sigmas, rgbs, t_starts, t_ends, offsets, EARLY_STOP_T
+        )
         ctx.save_for_backward(sigmas, rgbs, t_starts, t_ends, offsets)
         return rgb, depth, opacity
 
@@ -70,17 +78,39 @@ class _CompositeFn(torch.autograd.Function):
         n = offsets.numel() - 1
 
         def dense(g, shape):
-            return torch.zeros(shape, dtype=sigmas.dtype, device=sigmas.device) if g is None else g.contiguous()
+            return (
+                torch.zeros(shape, dtype=sigmas.dtype, device=sigmas.device)
+                if g is None
+                else g.contiguous()
+            )
 
         mod = _ext.for_tensor(sigmas)
-        gs, gc = mod.composite_backward(sigmas, rgbs, t_starts, t_ends, offsets, EARLY_STOP_T,
-                                        dense(g_rgb, (n, 3)), dense(g_depth, (n,)), dense(g_opacity, (n,)))
+        gs, gc = mod.composite_backward(
+            sigmas,
+            rgbs,
+            t_starts,
+            t_ends,
+            offsets,
+            EARLY_STOP_T,
+            dense(g_rgb, (n, 3)),
+            dense(g_depth, (n,)),
+            dense(g_opacity, (n,)),
+        )
         return gs, gc, None, None, None
 
 
-def composite(sigmas: torch.Tensor, rgbs: torch.Tensor, t_starts: torch.Tensor, t_ends: torch.Tensor,
-              ray_indices: torch.Tensor, n_rays: int, background: torch.Tensor | float | None = None, *,
-              offsets: torch.Tensor | None = None, backend: str = "ext"):
+def composite(
+    sigmas: torch.Tensor,
+    rgbs: torch.Tensor,
+    t_starts: torch.Tensor,
+    t_ends: torch.Tensor,
+    ray_indices: torch.Tensor,
+    n_rays: int,
+    background: torch.Tensor | float | None = None,
+    *,
+    offsets: torch.Tensor | None = None,
+    backend: str = "ext",
+):
     """Composite packed samples -> (rgb (n_rays, 3), depth (n_rays,), opacity (n_rays,)).
 
     alpha = 1 - exp(-sigma * dt), weight = T * alpha, stop once T < 1e-4. depth is the
@@ -103,10 +133,17 @@ def composite(sigmas: torch.Tensor, rgbs: torch.Tensor, t_starts: torch.Tensor, 
         else:
             offsets = ray_offsets(ri, n_rays)
     if backend == "reference":
-        rgb, depth, opacity = composite_reference(s, rgbs, t0, t1, ray_indices.reshape(-1), n_rays, offsets)
+        rgb, depth, opacity = composite_reference(
+            s, rgbs, t0, t1, ray_indices.reshape(-1), n_rays, offsets
+        )
     else:
-        rgb, depth, opacity = _CompositeFn.apply(s.contiguous(), rgbs.contiguous(), t0.contiguous().to(s.dtype),
-                                                 t1.contiguous().to(s.dtype), offsets.contiguous())
+        rgb, depth, opacity = _CompositeFn.apply(
+            s.contiguous(),
+            rgbs.contiguous(),
+            t0.contiguous().to(s.dtype),
+            t1.contiguous().to(s.dtype),
+            offsets.contiguous(),
+        )
     if background is not None:
         bg = torch.as_tensor(background, dtype=rgb.dtype, device=rgb.device)
         rgb = rgb + (1.0 - opacity)[:, None] * bg

@@ -12,8 +12,13 @@ from . import _ext
 PRIMES = (1, 2654435761, 805459861)
 
 
-def level_layout(n_input_dims: int, n_levels: int, log2_hashmap_size: int, base_resolution: float,
-                 per_level_scale: float):
+def level_layout(
+    n_input_dims: int,
+    n_levels: int,
+    log2_hashmap_size: int,
+    base_resolution: float,
+    per_level_scale: float,
+):
     """Per-level scale (float32 values), grid resolution, row offsets and hashed flag.
 
     scale_l = base * per_level_scale^l - 1 and a point maps to scale_l * x + 0.5 (tiny-cuda-nn).
@@ -35,11 +40,17 @@ def level_layout(n_input_dims: int, n_levels: int, log2_hashmap_size: int, base_
         scales.append(s)
         res.append(r)
         offsets.append(offsets[-1] + rows)
-    return (torch.tensor(scales, dtype=torch.float32), torch.tensor(res, dtype=torch.int64),
-            torch.tensor(offsets, dtype=torch.int64), torch.tensor(hashed, dtype=torch.bool))
+    return (
+        torch.tensor(scales, dtype=torch.float32),
+        torch.tensor(res, dtype=torch.int64),
+        torch.tensor(offsets, dtype=torch.int64),
+        torch.tensor(hashed, dtype=torch.bool),
+    )
 
 
-def hash_grid_reference(x: torch.Tensor, table: torch.Tensor, scales, resolution, offsets, hashed) -> torch.Tensor:
+def hash_grid_reference(
+    x: torch.Tensor, table: torch.Tensor, scales, resolution, offsets, hashed
+) -> torch.Tensor:
     """Pure-torch encoding, differentiable w.r.t. the table through autograd."""
     n, d = x.shape
     f = table.shape[1]
@@ -96,7 +107,9 @@ class _HashGridFn(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         scales, resolution, offsets, hashed, rows, f = ctx.meta
         mod = _ext.for_tensor(x)
-        grad_table = mod.hash_grid_backward(x, grad_out.contiguous(), rows, f, offsets, resolution, scales, hashed)
+        grad_table = mod.hash_grid_backward(
+            x, grad_out.contiguous(), rows, f, offsets, resolution, scales, hashed
+        )
         return None, grad_table, None, None, None, None
 
 
@@ -107,9 +120,19 @@ class HashGrid(nn.Module):
     (instant-ngp uses 2048 x aabb scale). Parameters start uniform in +-1e-4.
     """
 
-    def __init__(self, n_input_dims: int = 3, n_levels: int = 16, n_features_per_level: int = 2,
-                 log2_hashmap_size: int = 19, base_resolution: float = 16, per_level_scale: float | None = None,
-                 *, finest_resolution: float = 2048, backend: str = "ext", dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        n_input_dims: int = 3,
+        n_levels: int = 16,
+        n_features_per_level: int = 2,
+        log2_hashmap_size: int = 19,
+        base_resolution: float = 16,
+        per_level_scale: float | None = None,
+        *,
+        finest_resolution: float = 2048,
+        backend: str = "ext",
+        dtype: torch.dtype = torch.float32,
+    ):
         super().__init__()
         if n_input_dims not in (2, 3):
             raise ValueError(f"n_input_dims must be 2 or 3, got {n_input_dims}")
@@ -118,10 +141,14 @@ class HashGrid(nn.Module):
         if not 1 <= n_levels <= 32:
             raise ValueError(f"n_levels must be in 1..32, got {n_levels}")
         if n_features_per_level not in (1, 2, 4, 8):
-            raise ValueError(f"n_features_per_level must be 1, 2, 4 or 8, got {n_features_per_level}")
+            raise ValueError(
+                f"n_features_per_level must be 1, 2, 4 or 8, got {n_features_per_level}"
+            )
         _check_backend(backend)
         if per_level_scale is None:
-            per_level_scale = math.exp(math.log(finest_resolution / base_resolution) / max(n_levels - 1, 1))
+            per_level_scale = math.exp(
+                math.log(finest_resolution / base_resolution) / max(n_levels - 1, 1)
+            )
         self.n_input_dims = n_input_dims
         self.n_levels = n_levels
         self.n_features_per_level = n_features_per_level
@@ -129,8 +156,9 @@ class HashGrid(nn.Module):
         self.base_resolution = base_resolution
         self.per_level_scale = per_level_scale
         self.backend = backend
-        scales, res, offsets, hashed = level_layout(n_input_dims, n_levels, log2_hashmap_size, base_resolution,
-                                                    per_level_scale)
+        scales, res, offsets, hashed = level_layout(
+            n_input_dims, n_levels, log2_hashmap_size, base_resolution, per_level_scale
+        )
         # Plain CPU tensors, not buffers: kernels read them on the host, so .to("cuda") must not move them.
         self.scales, self.resolution, self.offsets, self.hashed = scales, res, offsets, hashed
         self.params = nn.Parameter(torch.empty(int(offsets[-1]), n_features_per_level, dtype=dtype))
@@ -148,7 +176,9 @@ class HashGrid(nn.Module):
         backend = backend or self.backend
         _check_backend(backend)
         if x.dim() != 2 or x.shape[1] != self.n_input_dims:
-            raise ValueError(f"HashGrid expects (N, {self.n_input_dims}) inputs, got {tuple(x.shape)}")
+            raise ValueError(
+                f"HashGrid expects (N, {self.n_input_dims}) inputs, got {tuple(x.shape)}"
+            )
         x = x.to(self.params.dtype)
         meta = (self.scales, self.resolution, self.offsets, self.hashed)
         if backend == "reference":
@@ -156,9 +186,11 @@ class HashGrid(nn.Module):
         return _HashGridFn.apply(x.detach().contiguous(), self.params, *meta)
 
     def extra_repr(self) -> str:
-        return (f"n_input_dims={self.n_input_dims}, n_levels={self.n_levels}, "
-                f"n_features_per_level={self.n_features_per_level}, log2_hashmap_size={self.log2_hashmap_size}, "
-                f"base_resolution={self.base_resolution}, per_level_scale={self.per_level_scale:.5f}")
+        return (
+            f"n_input_dims={self.n_input_dims}, n_levels={self.n_levels}, "
+            f"n_features_per_level={self.n_features_per_level}, log2_hashmap_size={self.log2_hashmap_size}, "
+            f"base_resolution={self.base_resolution}, per_level_scale={self.per_level_scale:.5f}"
+        )
 
 
 def _check_backend(backend: str) -> None:

@@ -36,10 +36,22 @@ def _per_ray(v, n, device):
     return t.expand(n).contiguous() if t.dim() == 0 else t.reshape(n).contiguous()
 
 
-def march_rays(rays_o: torch.Tensor, rays_d: torch.Tensor, grid: OccupancyGrid | None = None, *, aabb=None,
-               near=0.0, far=1e10, render_step_size: float | None = None, cone_angle: float = 0.0,
-               max_step: float = 1e10, max_samples: int = 1024, stratified: bool = False,
-               generator: torch.Generator | None = None, backend: str | None = None) -> PackedSamples:
+def march_rays(
+    rays_o: torch.Tensor,
+    rays_d: torch.Tensor,
+    grid: OccupancyGrid | None = None,
+    *,
+    aabb=None,
+    near=0.0,
+    far=1e10,
+    render_step_size: float | None = None,
+    cone_angle: float = 0.0,
+    max_step: float = 1e10,
+    max_samples: int = 1024,
+    stratified: bool = False,
+    generator: torch.Generator | None = None,
+    backend: str | None = None,
+) -> PackedSamples:
     """March rays (N, 3) through `aabb` (default: the grid's outer cascade box), skipping empty cells.
 
     Steps are render_step_size (default: the grid's step size, or sqrt(3)*side/1024), or with
@@ -49,20 +61,31 @@ def march_rays(rays_o: torch.Tensor, rays_d: torch.Tensor, grid: OccupancyGrid |
     backend = backend or (grid.backend if grid is not None else "ext")
     _check_backend(backend)
     if rays_o.shape != rays_d.shape or rays_o.dim() != 2 or rays_o.shape[1] != 3:
-        raise ValueError(f"rays_o and rays_d must both be (N, 3), got {tuple(rays_o.shape)} and {tuple(rays_d.shape)}")
+        raise ValueError(
+            f"rays_o and rays_d must both be (N, 3), got {tuple(rays_o.shape)} and {tuple(rays_d.shape)}"
+        )
     if max_samples < 1:
         raise ValueError("max_samples must be >= 1")
     if grid is None and aabb is None:
         raise ValueError("march_rays needs a grid or an aabb")
-    box = torch.as_tensor(aabb if aabb is not None else grid.outer_aabb, dtype=torch.float32).reshape(-1).tolist()
+    box = (
+        torch.as_tensor(aabb if aabb is not None else grid.outer_aabb, dtype=torch.float32)
+        .reshape(-1)
+        .tolist()
+    )
     if grid is not None:
         outer = grid.outer_aabb
-        box = [max(a, b) for a, b in zip(box[:3], outer[:3])] + [min(a, b) for a, b in zip(box[3:], outer[3:])]
+        box = [max(a, b) for a, b in zip(box[:3], outer[:3])] + [
+            min(a, b) for a, b in zip(box[3:], outer[3:])
+        ]
     if len(box) != 6:
         raise ValueError("aabb must have 6 numbers")
     if render_step_size is None:
-        render_step_size = grid.step_size if grid is not None else math.sqrt(3) * max(
-            box[3] - box[0], box[4] - box[1], box[5] - box[2]) / 1024
+        render_step_size = (
+            grid.step_size
+            if grid is not None
+            else math.sqrt(3) * max(box[3] - box[0], box[4] - box[1], box[5] - box[2]) / 1024
+        )
     if not render_step_size > 0:
         raise ValueError("render_step_size must be > 0")
     n = rays_o.shape[0]
@@ -71,8 +94,11 @@ def march_rays(rays_o: torch.Tensor, rays_d: torch.Tensor, grid: OccupancyGrid |
     d = rays_d.float().contiguous()
     tn, tf = _per_ray(near, n, dev), _per_ray(far, n, dev)
     if stratified:
-        jitter = torch.rand(n, generator=generator, device=dev) if generator is None or generator.device == dev \
+        jitter = (
+            torch.rand(n, generator=generator, device=dev)
+            if generator is None or generator.device == dev
             else torch.rand(n, generator=generator).to(dev)
+        )
     else:
         jitter = torch.zeros(n, device=dev)
     args = (box, float(render_step_size), float(cone_angle), float(max_step), int(max_samples))
@@ -82,7 +108,9 @@ def march_rays(rays_o: torch.Tensor, rays_d: torch.Tensor, grid: OccupancyGrid |
     if grid is None:
         out = mod.march_rays(o, d, tn, tf, jitter, *args, None, 0, [0.0] * 3, [1.0] * 3)
     else:
-        out = mod.march_rays(o, d, tn, tf, jitter, *args, grid.bits, grid.resolution, grid.center, grid.half)
+        out = mod.march_rays(
+            o, d, tn, tf, jitter, *args, grid.bits, grid.resolution, grid.center, grid.half
+        )
     return PackedSamples(*out)
 
 
@@ -100,7 +128,9 @@ def _ray_aabb(o, d, box):
     return tn, tf, ~miss & (tn <= tf)
 
 
-def march_reference(o, d, near, far, jitter, box, step, cone, max_step, max_samples, grid=None) -> PackedSamples:
+def march_reference(
+    o, d, near, far, jitter, box, step, cone, max_step, max_samples, grid=None
+) -> PackedSamples:
     """Pure-torch marching, all rays advanced together; mirrors kn::march_ray operation by operation."""
     n = o.shape[0]
     dev = o.device

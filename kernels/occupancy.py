@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -56,7 +56,11 @@ def _pack(bits_bool: torch.Tensor) -> torch.Tensor:
 
 
 def _unpack(bytes_: torch.Tensor, n: int) -> torch.Tensor:
-    return ((bytes_.long()[:, None] >> torch.arange(8, device=bytes_.device)) & 1).bool().reshape(-1)[:n]
+    return (
+        ((bytes_.long()[:, None] >> torch.arange(8, device=bytes_.device)) & 1)
+        .bool()
+        .reshape(-1)[:n]
+    )
 
 
 def bitfield_reference(density: torch.Tensor, thresh: float) -> torch.Tensor:
@@ -66,8 +70,11 @@ def bitfield_reference(density: torch.Tensor, thresh: float) -> torch.Tensor:
     layout = bitfield_layout(res)
     out = torch.zeros(c_n, layout[-1], dtype=torch.uint8, device=density.device)
     coarse = torch.arange(cells // 8, device=density.device)
-    moved = morton3d(morton3d_invert(coarse) + res // 4, morton3d_invert(coarse >> 1) + res // 4,
-                     morton3d_invert(coarse >> 2) + res // 4)
+    moved = morton3d(
+        morton3d_invert(coarse) + res // 4,
+        morton3d_invert(coarse >> 1) + res // 4,
+        morton3d_invert(coarse >> 2) + res // 4,
+    )
     prev_level0 = None
     for c in range(c_n):
         occ = density[c] > thresh
@@ -81,7 +88,7 @@ def bitfield_reference(density: torch.Tensor, thresh: float) -> torch.Tensor:
         for m in range(1, len(layout) - 1):
             n = (res >> m) ** 3
             cur = _pack(cur[:n] != 0)
-            out[c, layout[m]: layout[m + 1]] = cur
+            out[c, layout[m] : layout[m + 1]] = cur
     return out
 
 
@@ -93,8 +100,15 @@ class OccupancyGrid(nn.Module):
     is all occupied, so marching before the first update samples everywhere.
     """
 
-    def __init__(self, aabb, resolution: int = 128, n_cascades: int = 1, *, step_size: float | None = None,
-                 backend: str = "ext"):
+    def __init__(
+        self,
+        aabb,
+        resolution: int = 128,
+        n_cascades: int = 1,
+        *,
+        step_size: float | None = None,
+        backend: str = "ext",
+    ):
         super().__init__()
         _check_backend(backend)
         aabb = torch.as_tensor(aabb, dtype=torch.float32).reshape(-1)
@@ -122,23 +136,36 @@ class OccupancyGrid(nn.Module):
     @property
     def outer_aabb(self) -> list[float]:
         s = 2.0 ** (self.n_cascades - 1)
-        return [c - s * h for c, h in zip(self.center, self.half)] + [c + s * h for c, h in zip(self.center, self.half)]
+        return [c - s * h for c, h in zip(self.center, self.half)] + [
+            c + s * h for c, h in zip(self.center, self.half)
+        ]
 
     def _cell_coords(self) -> torch.Tensor:
         code = torch.arange(self.n_cells, device=self.density.device)
-        return torch.stack([morton3d_invert(code), morton3d_invert(code >> 1), morton3d_invert(code >> 2)], 1)
+        return torch.stack(
+            [morton3d_invert(code), morton3d_invert(code >> 1), morton3d_invert(code >> 2)], 1
+        )
 
     def cell_points(self, cascade: int, cells: torch.Tensor, jitter: bool = True) -> torch.Tensor:
         """World positions inside the given morton cells of a cascade (jittered within the cell)."""
-        ijk = torch.stack([morton3d_invert(cells), morton3d_invert(cells >> 1), morton3d_invert(cells >> 2)], 1)
+        ijk = torch.stack(
+            [morton3d_invert(cells), morton3d_invert(cells >> 1), morton3d_invert(cells >> 2)], 1
+        )
         u = ijk.float() + (torch.rand(ijk.shape, device=ijk.device) if jitter else 0.5)
         center = torch.tensor(self.center, device=ijk.device)
         half = torch.tensor(self.half, device=ijk.device) * 2.0**cascade
         return center - half + u / self.resolution * 2 * half
 
     @torch.no_grad()
-    def update(self, density_fn: Callable[[torch.Tensor], torch.Tensor], *, warmup: bool = False,
-               decay: float = 0.95, threshold: float = MIN_OPTICAL_THICKNESS, chunk: int = 2**18) -> None:
+    def update(
+        self,
+        density_fn: Callable[[torch.Tensor], torch.Tensor],
+        *,
+        warmup: bool = False,
+        decay: float = 0.95,
+        threshold: float = MIN_OPTICAL_THICKNESS,
+        chunk: int = 2**18,
+    ) -> None:
         """One EMA update: density = max(density * decay, new samples) over every cell, then binarize.
 
         Warmup samples every cell; afterwards a quarter of the cells at random plus a quarter drawn
@@ -155,19 +182,29 @@ class OccupancyGrid(nn.Module):
                 # "Occupied" as the current bitfield says (density > min(threshold, mean)).
                 layout = bitfield_layout(self.resolution)
                 occ = _unpack(self.bits[c, : layout[1]], self.n_cells).nonzero().squeeze(1)
-                picked = occ[torch.randint(0, occ.numel(), (k,), device=dev)] if occ.numel() else occ
+                picked = (
+                    occ[torch.randint(0, occ.numel(), (k,), device=dev)] if occ.numel() else occ
+                )
                 cells = torch.cat([uniform, picked])
             step = self.step_size * 2.0**c
             for s in range(0, cells.numel(), chunk):
-                idx = cells[s: s + chunk]
+                idx = cells[s : s + chunk]
                 sigma = density_fn(self.cell_points(c, idx)).reshape(-1).float()
                 fresh[c].scatter_reduce_(0, idx, sigma.clamp_min(0) * step, reduce="amax")
         self.density.copy_(torch.maximum(self.density * decay, fresh))
         self.n_updates += 1
         self.binarize(threshold)
 
-    def update_every_n_steps(self, step: int, density_fn, *, n: int = 16, warmup_steps: int = 256,
-                             decay: float = 0.95, threshold: float = MIN_OPTICAL_THICKNESS) -> bool:
+    def update_every_n_steps(
+        self,
+        step: int,
+        density_fn,
+        *,
+        n: int = 16,
+        warmup_steps: int = 256,
+        decay: float = 0.95,
+        threshold: float = MIN_OPTICAL_THICKNESS,
+    ) -> bool:
         """Call every training step; updates when step % n == 0. Returns whether it updated."""
         if step % n:
             return False
@@ -175,20 +212,24 @@ class OccupancyGrid(nn.Module):
         return True
 
     @torch.no_grad()
-    def binarize(self, threshold: float = MIN_OPTICAL_THICKNESS, backend: str | None = None) -> None:
+    def binarize(
+        self, threshold: float = MIN_OPTICAL_THICKNESS, backend: str | None = None
+    ) -> None:
         """Recompute the bitfield: occupied where density > min(threshold, mean density)."""
         backend = backend or self.backend
         thresh = min(threshold, float(self.density.clamp_min(0).mean()))
         if backend == "reference":
             self.bits.copy_(bitfield_reference(self.density, thresh))
         else:
-            self.bits.copy_(_ext.for_tensor(self.density).occ_bitfield(self.density.contiguous(), thresh))
+            self.bits.copy_(
+                _ext.for_tensor(self.density).occ_bitfield(self.density.contiguous(), thresh)
+            )
 
     def occupancy(self, cascade: int = 0, mip: int = 0) -> torch.Tensor:
         """Occupancy of one cascade/mip as a bool (r, r, r) array indexed [x, y, z]."""
         layout = bitfield_layout(self.resolution)
         r = self.resolution >> mip
-        flat = _unpack(self.bits[cascade, layout[mip]: layout[mip + 1]], r**3)
+        flat = _unpack(self.bits[cascade, layout[mip] : layout[mip + 1]], r**3)
         code = torch.arange(r**3, device=flat.device)
         out = torch.zeros(r, r, r, dtype=torch.bool, device=flat.device)
         out[morton3d_invert(code), morton3d_invert(code >> 1), morton3d_invert(code >> 2)] = flat
@@ -201,7 +242,9 @@ class OccupancyGrid(nn.Module):
         pts = points.reshape(-1, 3).float().contiguous()
         if backend == "reference":
             return occupied_reference(self, pts)
-        return _ext.for_tensor(pts).occ_query(pts, self.bits, self.resolution, self.center, self.half)
+        return _ext.for_tensor(pts).occ_query(
+            pts, self.bits, self.resolution, self.center, self.half
+        )
 
 
 def locate_reference(grid: OccupancyGrid, p: torch.Tensor):

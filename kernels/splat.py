@@ -34,6 +34,7 @@ _loaded: dict[str, object] = {}
 
 # ------------------------------------------------------------------------------------ build
 
+
 def _source_hash() -> str:
     h = hashlib.sha256()
     for name in _SOURCES:
@@ -50,37 +51,61 @@ def load_extension(device_type: str = "cpu"):
         _ext._require_tools("CXX", "c++")
         import torch.utils.cpp_extension as cpp
 
-        kw = dict(extra_include_paths=[str(_ext.CSRC)], verbose=bool(os.environ.get("KERNELS_VERBOSE")))
+        kw = dict(
+            extra_include_paths=[str(_ext.CSRC)], verbose=bool(os.environ.get("KERNELS_VERBOSE"))
+        )
         out = _ext.build_dir() / f"splat_{device_type}"
         out.mkdir(parents=True, exist_ok=True)
         try:
             if device_type == "cpu":
-                mod = cpp.load(name=f"kernels_splat_cpu_{_source_hash()}", sources=[str(_ext.CSRC / "splat_cpu.cpp")],
-                               # no FMA contraction: stops and alpha cut-offs match the reference's rounding
-                               extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off"], extra_ldflags=["-fopenmp"],
-                               build_directory=str(out), **kw)
+                mod = cpp.load(
+                    name=f"kernels_splat_cpu_{_source_hash()}",
+                    sources=[str(_ext.CSRC / "splat_cpu.cpp")],
+                    # no FMA contraction: stops and alpha cut-offs match the reference's rounding
+                    extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off"],
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=str(out),
+                    **kw,
+                )
             elif device_type == "cuda":
                 if torch.version.cuda is None or cpp.CUDA_HOME is None:
-                    raise _ext.KernelBuildError("cannot build the CUDA splat kernels: no CUDA torch / CUDA_HOME")
-                mod = cpp.load(name=f"kernels_splat_cuda_{_source_hash()}",
-                               sources=[str(_ext.CSRC / "splat_cpu.cpp"), str(_ext.CSRC / "splat.cu")],
-                               extra_cflags=["-O3", "-fopenmp", "-DKN_SPLAT_CUDA"], extra_ldflags=["-fopenmp"],
-                               extra_cuda_cflags=["-O3", "--fmad=false", "-std=c++17", "-DKN_SPLAT_CUDA"],
-                               build_directory=str(out), **kw)
+                    raise _ext.KernelBuildError(
+                        "cannot build the CUDA splat kernels: no CUDA torch / CUDA_HOME"
+                    )
+                mod = cpp.load(
+                    name=f"kernels_splat_cuda_{_source_hash()}",
+                    sources=[str(_ext.CSRC / "splat_cpu.cpp"), str(_ext.CSRC / "splat.cu")],
+                    extra_cflags=["-O3", "-fopenmp", "-DKN_SPLAT_CUDA"],
+                    extra_ldflags=["-fopenmp"],
+                    extra_cuda_cflags=["-O3", "--fmad=false", "-std=c++17", "-DKN_SPLAT_CUDA"],
+                    build_directory=str(out),
+                    **kw,
+                )
             else:
-                raise _ext.KernelBuildError(f"no compiled splat kernels for device type {device_type!r}")
+                raise _ext.KernelBuildError(
+                    f"no compiled splat kernels for device type {device_type!r}"
+                )
         except _ext.KernelBuildError:
             raise
         except Exception as exc:  # cpp_extension raises RuntimeError/OSError/CalledProcessError
-            raise _ext.KernelBuildError(f"building the splat extension failed ({type(exc).__name__}): {exc}") from exc
+            raise _ext.KernelBuildError(
+                f"building the splat extension failed ({type(exc).__name__}): {exc}"
+            ) from exc
         _loaded[device_type] = mod
         return mod
 
 
 # ------------------------------------------------------------------------------------ tiles
 
-def tile_bins(means2d: torch.Tensor, conics: torch.Tensor, opacities: torch.Tensor, height: int, width: int,
-              alpha_min: float = ALPHA_MIN):
+
+def tile_bins(
+    means2d: torch.Tensor,
+    conics: torch.Tensor,
+    opacities: torch.Tensor,
+    height: int,
+    width: int,
+    alpha_min: float = ALPHA_MIN,
+):
     """Per-tile splat lists: (tile_offsets int64 (n_tiles + 1,), tile_ids int32 (M,)).
 
     A splat can reach alpha >= alpha_min only where d^T conic d <= 2 ln(o / alpha_min); it goes
@@ -104,7 +129,13 @@ def tile_bins(means2d: torch.Tensor, conics: torch.Tensor, opacities: torch.Tens
         x1 = torch.floor((m[:, 0] + rx - 0.5) / TILE)
         y0 = torch.floor((m[:, 1] - ry - 0.5) / TILE).clamp(0, ty - 1)
         y1 = torch.floor((m[:, 1] + ry - 0.5) / TILE)
-        ok = ok & (x1 >= 0) & (y1 >= 0) & (m[:, 0] - rx - 0.5 < width) & (m[:, 1] - ry - 0.5 < height)
+        ok = (
+            ok
+            & (x1 >= 0)
+            & (y1 >= 0)
+            & (m[:, 0] - rx - 0.5 < width)
+            & (m[:, 1] - ry - 0.5 < height)
+        )
         x1, y1 = x1.clamp(max=tx - 1), y1.clamp(max=ty - 1)
         nx = torch.where(ok, x1 - x0 + 1, torch.zeros_like(x0)).clamp(min=0).long()
         ny = torch.where(ok, y1 - y0 + 1, torch.zeros_like(y0)).clamp(min=0).long()
@@ -123,13 +154,16 @@ def tile_bins(means2d: torch.Tensor, conics: torch.Tensor, opacities: torch.Tens
 
 # ------------------------------------------------------------------------------------ reference
 
+
 def _reference_chunk(px, py, means2d, conics, colors, opacities, alpha_min, alpha_max, stop_T):
     dx = px[:, None] - means2d[None, :, 0]
     dy = py[:, None] - means2d[None, :, 1]
     a, b, c = conics.unbind(-1)
     power = -0.5 * (a * dx * dx + c * dy * dy) - b * dx * dy
     raw = opacities * torch.exp(power)
-    alpha = torch.where((power <= 0) & (raw >= alpha_min), raw.clamp(max=alpha_max), torch.zeros_like(raw))
+    alpha = torch.where(
+        (power <= 0) & (raw >= alpha_min), raw.clamp(max=alpha_max), torch.zeros_like(raw)
+    )
     one_m = 1.0 - alpha
     trans = torch.cumprod(one_m, dim=1)
     before = torch.cat([torch.ones_like(trans[:, :1]), trans[:, :-1]], dim=1)
@@ -140,22 +174,48 @@ def _reference_chunk(px, py, means2d, conics, colors, opacities, alpha_min, alph
     return rgb, final_T
 
 
-def rasterize_reference(means2d, conics, colors, opacities, height, width, alpha_min=ALPHA_MIN,
-                        alpha_max=ALPHA_MAX, stop_T=STOP_T):
+def rasterize_reference(
+    means2d,
+    conics,
+    colors,
+    opacities,
+    height,
+    width,
+    alpha_min=ALPHA_MIN,
+    alpha_max=ALPHA_MAX,
+    stop_T=STOP_T,
+):
     """Pure torch, every pixel against every splat, in pixel chunks (re-computed in backward, so its
     memory stays bounded). Splats must be sorted near to far. -> (rgb (H, W, 3), T (H, W))."""
     dev, dt = means2d.device, means2d.dtype
     n = means2d.shape[0]
-    ys, xs = torch.meshgrid(torch.arange(height, device=dev, dtype=dt), torch.arange(width, device=dev, dtype=dt),
-                            indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.arange(height, device=dev, dtype=dt),
+        torch.arange(width, device=dev, dtype=dt),
+        indexing="ij",
+    )
     px, py = xs.reshape(-1) + 0.5, ys.reshape(-1) + 0.5
     if n == 0:
-        return torch.zeros(height, width, 3, device=dev, dtype=dt), torch.ones(height, width, device=dev, dtype=dt)
+        return torch.zeros(height, width, 3, device=dev, dtype=dt), torch.ones(
+            height, width, device=dev, dtype=dt
+        )
     chunk = max(16, (1 << 22) // n)
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (means2d, conics, colors, opacities))
+    grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (means2d, conics, colors, opacities)
+    )
     rgbs, ts = [], []
     for s in range(0, px.numel(), chunk):
-        args = (px[s:s + chunk], py[s:s + chunk], means2d, conics, colors, opacities, alpha_min, alpha_max, stop_T)
+        args = (
+            px[s : s + chunk],
+            py[s : s + chunk],
+            means2d,
+            conics,
+            colors,
+            opacities,
+            alpha_min,
+            alpha_max,
+            stop_T,
+        )
         if grad:
             r, t = torch.utils.checkpoint.checkpoint(_reference_chunk, *args, use_reentrant=False)
         else:
@@ -167,15 +227,21 @@ def rasterize_reference(means2d, conics, colors, opacities, height, width, alpha
 
 # ------------------------------------------------------------------------------------ compiled
 
+
 class _RasterizeFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, means2d, conics, colors, opacities, height, width, method, tile_offsets, tile_ids, prm):
+    def forward(
+        ctx, means2d, conics, colors, opacities, height, width, method, tile_offsets, tile_ids, prm
+    ):
         mod = load_extension(means2d.device.type)
         if method == "naive":
-            rgb, trans, n = mod.naive_forward(means2d, conics, colors, opacities, height, width, *prm)
+            rgb, trans, n = mod.naive_forward(
+                means2d, conics, colors, opacities, height, width, *prm
+            )
         else:
-            rgb, trans, n = mod.tiled_forward(means2d, conics, colors, opacities, height, width, tile_offsets,
-                                              tile_ids, *prm)
+            rgb, trans, n = mod.tiled_forward(
+                means2d, conics, colors, opacities, height, width, tile_offsets, tile_ids, *prm
+            )
         ctx.save_for_backward(means2d, conics, colors, opacities, tile_offsets, tile_ids, trans, n)
         ctx.args = (height, width, method, prm)
         return rgb, trans
@@ -184,23 +250,55 @@ class _RasterizeFn(torch.autograd.Function):
     def backward(ctx, g_rgb, g_trans):
         means2d, conics, colors, opacities, tile_offsets, tile_ids, trans, n = ctx.saved_tensors
         height, width, method, prm = ctx.args
-        g_rgb = torch.zeros(height, width, 3, dtype=means2d.dtype, device=means2d.device) if g_rgb is None \
+        g_rgb = (
+            torch.zeros(height, width, 3, dtype=means2d.dtype, device=means2d.device)
+            if g_rgb is None
             else g_rgb.contiguous()
-        g_trans = torch.zeros(height, width, dtype=means2d.dtype, device=means2d.device) if g_trans is None \
+        )
+        g_trans = (
+            torch.zeros(height, width, dtype=means2d.dtype, device=means2d.device)
+            if g_trans is None
             else g_trans.contiguous()
+        )
         mod = load_extension(means2d.device.type)
         if method == "naive":
-            g = mod.naive_backward(means2d, conics, colors, opacities, height, width, *prm, trans, n, g_rgb, g_trans)
+            g = mod.naive_backward(
+                means2d, conics, colors, opacities, height, width, *prm, trans, n, g_rgb, g_trans
+            )
         else:
-            g = mod.tiled_backward(means2d, conics, colors, opacities, height, width, tile_offsets, tile_ids, *prm,
-                                   trans, n, g_rgb, g_trans)
+            g = mod.tiled_backward(
+                means2d,
+                conics,
+                colors,
+                opacities,
+                height,
+                width,
+                tile_offsets,
+                tile_ids,
+                *prm,
+                trans,
+                n,
+                g_rgb,
+                g_trans,
+            )
         return g[:, 0:2], g[:, 2:5], g[:, 5:8], g[:, 8], None, None, None, None, None, None
 
 
-def rasterize(means2d: torch.Tensor, conics: torch.Tensor, colors: torch.Tensor, opacities: torch.Tensor,
-              height: int, width: int, background: torch.Tensor | float | None = None, *,
-              depths: torch.Tensor | None = None, method: str = "tiled", alpha_min: float = ALPHA_MIN,
-              alpha_max: float = ALPHA_MAX, stop_T: float = STOP_T):
+def rasterize(
+    means2d: torch.Tensor,
+    conics: torch.Tensor,
+    colors: torch.Tensor,
+    opacities: torch.Tensor,
+    height: int,
+    width: int,
+    background: torch.Tensor | float | None = None,
+    *,
+    depths: torch.Tensor | None = None,
+    method: str = "tiled",
+    alpha_min: float = ALPHA_MIN,
+    alpha_max: float = ALPHA_MAX,
+    stop_T: float = STOP_T,
+):
     """Composite 2D splats -> (rgb (H, W, 3), transmittance (H, W)).
 
     `depths` (N,): sort near to far first (otherwise the input order is the depth order).
@@ -214,18 +312,31 @@ def rasterize(means2d: torch.Tensor, conics: torch.Tensor, colors: torch.Tensor,
     if height < 1 or width < 1:
         raise ValueError(f"image size must be positive, got {width}x{height}")
     n = means2d.shape[0]
-    if means2d.shape != (n, 2) or conics.shape != (n, 3) or colors.shape != (n, 3) or opacities.shape != (n,):
-        raise ValueError("expected means2d (N, 2), conics (N, 3), colors (N, 3), opacities (N,); got "
-                         f"{tuple(means2d.shape)}, {tuple(conics.shape)}, {tuple(colors.shape)}, "
-                         f"{tuple(opacities.shape)}")
+    if (
+        means2d.shape != (n, 2)
+        or conics.shape != (n, 3)
+        or colors.shape != (n, 3)
+        or opacities.shape != (n,)
+    ):
+        raise ValueError(
+            "expected means2d (N, 2), conics (N, 3), colors (N, 3), opacities (N,); got "
+            f"{tuple(means2d.shape)}, {tuple(conics.shape)}, {tuple(colors.shape)}, "
+            f"{tuple(opacities.shape)}"
+        )
     if depths is not None:
         order = torch.argsort(depths.detach())
-        means2d, conics, colors, opacities = means2d[order], conics[order], colors[order], opacities[order]
+        means2d, conics, colors, opacities = (
+            means2d[order],
+            conics[order],
+            colors[order],
+            opacities[order],
+        )
     dt = means2d.dtype
     conics, colors, opacities = conics.to(dt), colors.to(dt), opacities.to(dt)
     if method == "reference":
-        rgb, trans = rasterize_reference(means2d, conics, colors, opacities, height, width, alpha_min, alpha_max,
-                                         stop_T)
+        rgb, trans = rasterize_reference(
+            means2d, conics, colors, opacities, height, width, alpha_min, alpha_max, stop_T
+        )
     else:
         if dt not in (torch.float32, torch.float64):
             raise ValueError(f"compiled compositors take float32 or float64, got {dt}")
@@ -235,8 +346,18 @@ def rasterize(means2d: torch.Tensor, conics: torch.Tensor, colors: torch.Tensor,
         else:
             offsets = torch.zeros(1, dtype=torch.int64, device=means2d.device)
             ids = torch.zeros(0, dtype=torch.int32, device=means2d.device)
-        rgb, trans = _RasterizeFn.apply(means2d.contiguous(), conics.contiguous(), colors.contiguous(),
-                                        opacities.contiguous(), height, width, method, offsets, ids, prm)
+        rgb, trans = _RasterizeFn.apply(
+            means2d.contiguous(),
+            conics.contiguous(),
+            colors.contiguous(),
+            opacities.contiguous(),
+            height,
+            width,
+            method,
+            offsets,
+            ids,
+            prm,
+        )
     if background is not None:
         bg = torch.as_tensor(background, dtype=rgb.dtype, device=rgb.device)
         rgb = rgb + trans[..., None] * bg
@@ -248,5 +369,14 @@ def n_tile_pairs(means2d, conics, opacities, height, width) -> int:
     return int(tile_bins(means2d, conics, opacities, height, width)[1].numel())
 
 
-__all__ = ["rasterize", "rasterize_reference", "tile_bins", "load_extension", "ALPHA_MIN", "ALPHA_MAX", "STOP_T",
-           "TILE", "n_tile_pairs"]
+__all__ = [
+    "rasterize",
+    "rasterize_reference",
+    "tile_bins",
+    "load_extension",
+    "ALPHA_MIN",
+    "ALPHA_MAX",
+    "STOP_T",
+    "TILE",
+    "n_tile_pairs",
+]

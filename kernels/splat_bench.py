@@ -42,10 +42,11 @@ def sphere_shell(n: int, seed: int = 0, s_t: float | None = None, s_n: float = 0
 
 
 def scene_splats(n: int, size: int = 256, device="cpu"):
-    from worker.cameras import look_at  # noqa: PLC0415 (camera helper only)
-
     means, cov, colors, opac = sphere_shell(n)
-    c2w = look_at([0.0, 0.0, -3.0], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0]).float()
+    # Camera at (0, 0, -3) looking at the origin, image up +y (OpenGL axes: columns right, up, back).
+    c2w = torch.tensor(
+        [[-1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, -1.0, -3.0], [0.0, 0.0, 0.0, 1.0]]
+    )
     p = project_gaussians(means, cov, c2w, 300.0, 300.0, size / 2, size / 2, size, size)
     v = p.visible
     order = torch.argsort(p.depths[v])
@@ -59,7 +60,9 @@ def _sync(device):
 
 def _median_ms(fns, repeats, device):
     for k, fn in fns.items():
-        if k != "reference":  # warm-up is for the compiled extension and allocator, not worth 40 s here
+        if (
+            k != "reference"
+        ):  # warm-up is for the compiled extension and allocator, not worth 40 s here
             fn()
     _sync(device)
     times = {k: [] for k in fns}
@@ -82,26 +85,44 @@ def bench(n, size, device, repeats, methods, backward):
             rgb, _ = splat.rasterize(*params, size, size, background=1.0, method=method)
             if backward:
                 torch.autograd.grad(rgb, params, g)
+
         return f
 
     return _median_ms({k: make(k) for k in methods}, repeats, device), int(m.shape[0])
 
 
-def rows(sizes=(2500, 10_000, 40_000, 160_000), size=256, device="cpu", repeats=5, max_reference=2500,
-         max_naive=10_000):
+def rows(
+    sizes=(2500, 10_000, 40_000, 160_000),
+    size=256,
+    device="cpu",
+    repeats=5,
+    max_reference=2500,
+    max_naive=10_000,
+):
     device = torch.device(device)
     for n in sizes:
         for backward in (False, True):
-            methods = ["tiled"] + (["naive"] if n <= max_naive else []) + (["reference"] if n <= max_reference else [])
+            methods = (
+                ["tiled"]
+                + (["naive"] if n <= max_naive else [])
+                + (["reference"] if n <= max_reference else [])
+            )
             ms, visible = bench(n, size, device, repeats, methods, backward)
             ref, nav, til = ms.get("reference"), ms.get("naive"), ms["tiled"]
-            yield {"op": "splat_fwd_bwd" if backward else "splat_fwd", "size": n, "visible": visible,
-                   "pixels": size * size, "device": str(device), "threads": torch.get_num_threads(),
-                   "reference_ms": None if ref is None else round(ref, 2),
-                   "naive_ms": None if nav is None else round(nav, 2), "tiled_ms": round(til, 2),
-                   "naive_vs_reference": None if ref is None else round(ref / nav, 2),
-                   "tiled_vs_naive": None if nav is None else round(nav / til, 2),
-                   "tiled_vs_reference": None if ref is None else round(ref / til, 2)}
+            yield {
+                "op": "splat_fwd_bwd" if backward else "splat_fwd",
+                "size": n,
+                "visible": visible,
+                "pixels": size * size,
+                "device": str(device),
+                "threads": torch.get_num_threads(),
+                "reference_ms": None if ref is None else round(ref, 2),
+                "naive_ms": None if nav is None else round(nav, 2),
+                "tiled_ms": round(til, 2),
+                "naive_vs_reference": None if ref is None else round(ref / nav, 2),
+                "tiled_vs_naive": None if nav is None else round(nav / til, 2),
+                "tiled_vs_reference": None if ref is None else round(ref / til, 2),
+            }
 
 
 def main(argv=None) -> int:
@@ -110,8 +131,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sizes", default="2500,10000,40000,160000")
     ap.add_argument("--pixels", type=int, default=256, help="image side")
-    ap.add_argument("--max-reference", type=int, default=None, help="default 2500 on CPU, 10000 on CUDA")
-    ap.add_argument("--max-naive", type=int, default=None, help="default 10000 on CPU, 160000 on CUDA")
+    ap.add_argument(
+        "--max-reference", type=int, default=None, help="default 2500 on CPU, 10000 on CUDA"
+    )
+    ap.add_argument(
+        "--max-naive", type=int, default=None, help="default 10000 on CPU, 160000 on CUDA"
+    )
     args = ap.parse_args(argv)
     if args.repeats < 5:
         ap.error("--repeats must be >= 5 (figures are medians of at least five runs)")
@@ -121,8 +146,14 @@ def main(argv=None) -> int:
     if args.max_naive is None:
         args.max_naive = 160_000 if gpu else 10_000
     torch.manual_seed(0)
-    for row in rows([int(s) for s in args.sizes.split(",")], args.pixels, args.device, args.repeats,
-                    args.max_reference, args.max_naive):
+    for row in rows(
+        [int(s) for s in args.sizes.split(",")],
+        args.pixels,
+        args.device,
+        args.repeats,
+        args.max_reference,
+        args.max_naive,
+    ):
         print(json.dumps(row), flush=True)
     return 0
 

@@ -20,21 +20,30 @@ FOV_CLAMP = 1.3
 
 @dataclass
 class Projected:
-    means2d: torch.Tensor   # (N, 2) pixels
-    conics: torch.Tensor    # (N, 3) A, B, C of the inverse 2D covariance
-    depths: torch.Tensor    # (N,) distance along the view axis
-    radii: torch.Tensor     # (N,) 3-sigma radius in pixels of the larger axis (no grad)
-    visible: torch.Tensor   # (N,) bool: in front of the near plane with a valid 2D covariance
+    means2d: torch.Tensor  # (N, 2) pixels
+    conics: torch.Tensor  # (N, 3) A, B, C of the inverse 2D covariance
+    depths: torch.Tensor  # (N,) distance along the view axis
+    radii: torch.Tensor  # (N,) 3-sigma radius in pixels of the larger axis (no grad)
+    visible: torch.Tensor  # (N,) bool: in front of the near plane with a valid 2D covariance
 
 
 def quat_to_rotmat(q: torch.Tensor) -> torch.Tensor:
     """(N, 4) quaternions (w, x, y, z), any norm -> (N, 3, 3) rotations."""
     w, x, y, z = torch.nn.functional.normalize(q, dim=-1).unbind(-1)
-    return torch.stack([
-        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-    ], -1).reshape(q.shape[:-1] + (3, 3))
+    return torch.stack(
+        [
+            1 - 2 * (y * y + z * z),
+            2 * (x * y - w * z),
+            2 * (x * z + w * y),
+            2 * (x * y + w * z),
+            1 - 2 * (x * x + z * z),
+            2 * (y * z - w * x),
+            2 * (x * z - w * y),
+            2 * (y * z + w * x),
+            1 - 2 * (x * x + y * y),
+        ],
+        -1,
+    ).reshape(q.shape[:-1] + (3, 3))
 
 
 def covariance_3d(scales: torch.Tensor, quats: torch.Tensor) -> torch.Tensor:
@@ -50,9 +59,19 @@ def world_to_camera(c2w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return r, -(r @ c2w[:3, 3])
 
 
-def project_gaussians(means3d: torch.Tensor, cov3d: torch.Tensor, c2w: torch.Tensor, fx: float, fy: float,
-                      cx: float, cy: float, width: int, height: int, near: float = Z_NEAR,
-                      dilation: float = DILATION) -> Projected:
+def project_gaussians(
+    means3d: torch.Tensor,
+    cov3d: torch.Tensor,
+    c2w: torch.Tensor,
+    fx: float,
+    fy: float,
+    cx: float,
+    cy: float,
+    width: int,
+    height: int,
+    near: float = Z_NEAR,
+    dilation: float = DILATION,
+) -> Projected:
     """Project (N, 3) means with (N, 3, 3) covariances; differentiable w.r.t. both."""
     c2w = torch.as_tensor(c2w, dtype=means3d.dtype, device=means3d.device)
     r, t = world_to_camera(c2w)
@@ -65,10 +84,13 @@ def project_gaussians(means3d: torch.Tensor, cov3d: torch.Tensor, c2w: torch.Ten
     tx = torch.clamp(x / zs, -lim_x, lim_x) * zs
     ty = torch.clamp(y / zs, -lim_y, lim_y) * zs
     zero = torch.zeros_like(zs)
-    jac = torch.stack([
-        torch.stack([fx / zs, zero, -fx * tx / (zs * zs)], -1),
-        torch.stack([zero, fy / zs, -fy * ty / (zs * zs)], -1),
-    ], -2)
+    jac = torch.stack(
+        [
+            torch.stack([fx / zs, zero, -fx * tx / (zs * zs)], -1),
+            torch.stack([zero, fy / zs, -fy * ty / (zs * zs)], -1),
+        ],
+        -2,
+    )
     tjw = jac @ r
     cov2d = tjw @ cov3d @ tjw.transpose(-1, -2)
     a = cov2d[:, 0, 0] + dilation

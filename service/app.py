@@ -11,15 +11,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 import service.api.routes as routes_pkg
+from core.settings import Settings, get_settings
+from core.storage import get_storage
+from core.store import JobStore
 from service.api.deps import V1_DEPENDENCIES
-from service.auth import KeyRing, install_log_redaction
-from service.ratelimit import TokenBucket
 from service.api.upload_limit import UploadLimitMiddleware
+from service.auth import KeyRing, install_log_redaction
 from service.queue import TaskQueue, make_client
-from service.settings import Settings, get_settings
+from service.ratelimit import TokenBucket
 from service.static import mount_web
-from service.storage import get_storage
-from service.store import JobStore
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +41,18 @@ def _include_routes(app: FastAPI) -> None:
         if router is not None:
             # Every /v1 route needs an API key, and a {job_id} must belong to it (service/auth.py).
             private = any(getattr(r, "path", "").startswith("/v1") for r in router.routes)
-            app.include_router(router, dependencies=V1_DEPENDENCIES if private else None,
-                               responses=V1_RESPONSES if private else None)
+            app.include_router(
+                router,
+                dependencies=V1_DEPENDENCIES if private else None,
+                responses=V1_RESPONSES if private else None,
+            )
 
 
-V1_RESPONSES = {400: {"description": "a body that is not valid JSON / multipart"},
-                401: {"description": "no API key, or not a configured one (WWW-Authenticate: Bearer)"},
-                404: {"description": "no such job for this API key (another key's job looks the same)"}}
+V1_RESPONSES = {
+    400: {"description": "a body that is not valid JSON / multipart"},
+    401: {"description": "no API key, or not a configured one (WWW-Authenticate: Bearer)"},
+    404: {"description": "no such job for this API key (another key's job looks the same)"},
+}
 
 
 def _readable(errors) -> tuple[str, list[dict]]:
@@ -73,10 +78,18 @@ def _error_schema(app: FastAPI):
         if app.openapi_schema is None:
             spec = base(app)
             spec.setdefault("components", {}).setdefault("schemas", {})["HTTPValidationError"] = {
-                "title": "HTTPValidationError", "type": "object", "required": ["detail"],
-                "properties": {"detail": {"type": "string", "description": "readable summary"},
-                               "errors": {"type": "array", "items": {"type": "object"},
-                                          "description": "one entry per problem: loc, msg, type"}}}
+                "title": "HTTPValidationError",
+                "type": "object",
+                "required": ["detail"],
+                "properties": {
+                    "detail": {"type": "string", "description": "readable summary"},
+                    "errors": {
+                        "type": "array",
+                        "items": {"type": "object"},
+                        "description": "one entry per problem: loc, msg, type",
+                    },
+                },
+            }
             app.openapi_schema = spec
         return app.openapi_schema
 
@@ -96,7 +109,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_log_redaction()
     app.state.render_limit = TokenBucket(settings.render_rate_per_min, settings.render_burst)
     if not len(app.state.keys):
-        log.warning("no API keys configured (API_KEYS / API_KEYS_FILE): every /v1 request will get 401")
+        log.warning(
+            "no API keys configured (API_KEYS / API_KEYS_FILE): every /v1 request will get 401"
+        )
     else:
         log.info("API keys loaded: %s", ", ".join(app.state.keys.names))
     app.add_exception_handler(RequestValidationError, _validation_error)

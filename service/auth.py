@@ -13,11 +13,11 @@ import hashlib
 import hmac
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
-from service.storage import JobPaths, atomic_write_bytes
+from core.storage import JobPaths, atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,9 @@ def _parse_entries(entries: Iterable[str], source: str) -> list[tuple[str | None
         name, token = (name.strip() or None) if name else None, token.strip()
         if len(token) < MIN_TOKEN_CHARS:
             # The message names the entry's position only: the value may be a real token.
-            raise KeyConfigError(f"{source} entry {n}: a token needs at least {MIN_TOKEN_CHARS} characters")
+            raise KeyConfigError(
+                f"{source} entry {n}: a token needs at least {MIN_TOKEN_CHARS} characters"
+            )
         out.append((name, token))
     return out
 
@@ -68,7 +70,7 @@ class KeyRing:
             self._keys.append((hashlib.sha256(token.encode()).digest(), ApiKey(kid, name or kid)))
 
     @classmethod
-    def from_settings(cls, settings) -> "KeyRing":
+    def from_settings(cls, settings) -> KeyRing:
         pairs: list[tuple[str | None, str]] = []
         if settings.api_keys:
             pairs += _parse_entries(settings.api_keys.split(","), "API_KEYS")
@@ -138,7 +140,9 @@ class RedactTokens(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):
-            record.args = tuple(_TOKEN_IN_URL.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args)
+            record.args = tuple(
+                _TOKEN_IN_URL.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args
+            )
         if isinstance(record.msg, str):
             record.msg = _TOKEN_IN_URL.sub(r"\1***", record.msg)
         return True

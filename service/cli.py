@@ -12,8 +12,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 from httpx_sse import SSEError, connect_sse
@@ -36,6 +37,7 @@ class CliError(Exception):
 
 # ---- HTTP ---------------------------------------------------------------------------
 
+
 def _detail(resp: httpx.Response) -> str:
     try:
         detail = resp.json().get("detail")
@@ -44,8 +46,10 @@ def _detail(resp: httpx.Response) -> str:
     if detail is None:
         return f"HTTP {resp.status_code}: {resp.text[:200] or resp.reason_phrase}"
     if isinstance(detail, list):  # FastAPI validation errors
-        detail = "; ".join(".".join(str(p) for p in d.get("loc", []) if p != "body") + ": " + d.get("msg", "")
-                           for d in detail)
+        detail = "; ".join(
+            ".".join(str(p) for p in d.get("loc", []) if p != "body") + ": " + d.get("msg", "")
+            for d in detail
+        )
     return f"HTTP {resp.status_code}: {detail}"
 
 
@@ -53,8 +57,9 @@ class Api:
     def __init__(self, base_url: str, timeout: float = 120.0, key: str | None = None):
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.client = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(timeout, connect=10.0),
-                                   headers=headers)
+        self.client = httpx.Client(
+            base_url=self.base_url, timeout=httpx.Timeout(timeout, connect=10.0), headers=headers
+        )
 
     def request(self, method: str, path: str, **kw) -> httpx.Response:
         try:
@@ -80,15 +85,22 @@ class Api:
                     raise
         raise last  # type: ignore[misc]
 
-    def events(self, job_id: str, after: int | None = None) -> Iterator[tuple[str, dict, int | None]]:
+    def events(
+        self, job_id: str, after: int | None = None
+    ) -> Iterator[tuple[str, dict, int | None]]:
         """(event, data, id) from the job's SSE stream until its `end` event; reconnects with
         Last-Event-ID after a dropped connection."""
         retries = 0
         while True:
             headers = {"Last-Event-ID": str(after)} if after is not None else {}
             try:
-                with connect_sse(self.client, "GET", f"/v1/jobs/{job_id}/events", headers=headers,
-                                 timeout=httpx.Timeout(60.0, connect=10.0)) as source:
+                with connect_sse(
+                    self.client,
+                    "GET",
+                    f"/v1/jobs/{job_id}/events",
+                    headers=headers,
+                    timeout=httpx.Timeout(60.0, connect=10.0),
+                ) as source:
                     if source.response.status_code >= 400:
                         source.response.read()
                         raise CliError(_detail(source.response))
@@ -107,7 +119,7 @@ class Api:
                 retries += 1
                 if retries > 5:
                     raise CliError(f"event stream lost: {exc}") from None
-                time.sleep(min(2.0, 0.2 * 2 ** retries))
+                time.sleep(min(2.0, 0.2 * 2**retries))
                 continue
             # The server closed without `end` (restart): reconnect and carry on.
             retries += 1
@@ -117,6 +129,7 @@ class Api:
 
 
 # ---- argument parsing helpers -------------------------------------------------------
+
 
 def vec3(text: str) -> list[float]:
     try:
@@ -148,7 +161,9 @@ def orbit_arg(text: str) -> dict:
         elevation = float(parts[1]) if len(parts) > 1 else 30.0
         frames = int(parts[2]) if len(parts) > 2 else 36
     except (ValueError, IndexError):
-        raise argparse.ArgumentTypeError(f"--orbit wants RADIUS[,ELEVATION_DEG[,N_FRAMES]], got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--orbit wants RADIUS[,ELEVATION_DEG[,N_FRAMES]], got {text!r}"
+        ) from None
     if len(parts) > 3:
         raise argparse.ArgumentTypeError(f"--orbit wants at most 3 values, got {text!r}")
     return {"radius": radius, "elevation_deg": elevation, "n_frames": frames}
@@ -189,6 +204,7 @@ def _dump(obj: Any) -> None:
 
 # ---- commands -----------------------------------------------------------------------
 
+
 def cmd_submit(api: Api, args) -> int:
     path: Path = args.path
     if not path.is_file():
@@ -219,9 +235,12 @@ def cmd_status(api: Api, args) -> int:
     t.add_row("kind", job["kind"])
     t.add_row("status", job["status"])
     if p.get("total_steps"):
-        t.add_row("progress", f"step {p.get('step')}/{p.get('total_steps')}  loss {_fmt(p.get('loss'))}  "
-                              f"psnr {_fmt(p.get('psnr'))}  elapsed {_fmt(p.get('elapsed_s'), 3)} s  "
-                              f"eta {_fmt(p.get('eta_s'), 3)} s")
+        t.add_row(
+            "progress",
+            f"step {p.get('step')}/{p.get('total_steps')}  loss {_fmt(p.get('loss'))}  "
+            f"psnr {_fmt(p.get('psnr'))}  elapsed {_fmt(p.get('elapsed_s'), 3)} s  "
+            f"eta {_fmt(p.get('eta_s'), 3)} s",
+        )
     if job.get("metrics"):
         t.add_row("metrics", json.dumps(job["metrics"]))
     if job.get("error"):
@@ -235,10 +254,15 @@ def cmd_status(api: Api, args) -> int:
 
 def wait_for(api: Api, job_id: str, quiet: bool = False, timeout: float | None = None) -> int:
     started = time.monotonic()
-    columns = [TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-               TextColumn("step {task.fields[steps]}"),
-               TextColumn("loss {task.fields[loss]}  psnr {task.fields[psnr]}"),
-               TextColumn("eta {task.fields[eta]}"), TimeElapsedColumn()]
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("step {task.fields[steps]}"),
+        TextColumn("loss {task.fields[loss]}  psnr {task.fields[psnr]}"),
+        TextColumn("eta {task.fields[eta]}"),
+        TimeElapsedColumn(),
+    ]
     final: dict = {}
     with Progress(*columns, console=err, disable=quiet, transient=False) as bar:
         task = bar.add_task("queued", total=None, steps="–", loss="–", psnr="–", eta="–")
@@ -248,10 +272,15 @@ def wait_for(api: Api, job_id: str, quiet: bool = False, timeout: float | None =
             if event == "progress":
                 total = data.get("total_steps") or None
                 eta = data.get("eta_s")
-                bar.update(task, total=total, completed=data.get("step", 0),
-                           steps=f"{data.get('step', 0)}/{total or '?'}",
-                           loss=_fmt(data.get("loss")), psnr=_fmt(data.get("psnr")),
-                           eta=f"{eta:.0f}s" if isinstance(eta, (int, float)) else "–")
+                bar.update(
+                    task,
+                    total=total,
+                    completed=data.get("step", 0),
+                    steps=f"{data.get('step', 0)}/{total or '?'}",
+                    loss=_fmt(data.get("loss")),
+                    psnr=_fmt(data.get("psnr")),
+                    eta=f"{eta:.0f}s" if isinstance(eta, (int, float)) else "–",
+                )
             elif event == "status":
                 bar.update(task, description=data.get("status", "?"))
             elif event == "end":
@@ -301,8 +330,10 @@ def cmd_render(api: Api, args) -> int:
 def cmd_path(api: Api, args) -> int:
     fmt = args.format or PATH_FORMATS.get(args.out.suffix.lower())
     if fmt is None:
-        raise CliError(f"cannot tell the format from {args.out.name}; use --format or one of "
-                       f"{', '.join(PATH_FORMATS)}")
+        raise CliError(
+            f"cannot tell the format from {args.out.name}; use --format or one of "
+            f"{', '.join(PATH_FORMATS)}"
+        )
     body: dict[str, Any] = {"width": args.width, "height": args.height, "format": fmt}
     if args.orbit is not None:
         orbit = dict(args.orbit)
@@ -337,9 +368,17 @@ def cmd_list(api: Api, args) -> int:
     for job in page["items"]:
         p = job.get("progress") or {}
         prog = f"{p.get('step', 0)}/{p.get('total_steps')}" if p.get("total_steps") else ""
-        psnr = (job.get("metrics") or {}).get("psnr", (job.get("metrics") or {}).get("test_psnr", p.get("psnr")))
-        t.add_row(job["id"], job["kind"], job["status"], prog, _fmt(psnr),
-                  job.get("created_at", "")[:19].replace("T", " "))
+        psnr = (job.get("metrics") or {}).get(
+            "psnr", (job.get("metrics") or {}).get("test_psnr", p.get("psnr"))
+        )
+        t.add_row(
+            job["id"],
+            job["kind"],
+            job["status"],
+            prog,
+            _fmt(psnr),
+            job.get("created_at", "")[:19].replace("T", " "),
+        )
     out.print(t)
     err.print(f"{len(page['items'])} of {page.get('total', len(page['items']))} jobs")
     return 0
@@ -363,20 +402,36 @@ def cmd_download(api: Api, args) -> int:
 
 # ---- entry point --------------------------------------------------------------------
 
+
 def build_parser() -> argparse.ArgumentParser:
     # Shared flags work before or after the command; SUPPRESS keeps a subcommand's unset
     # flag from overwriting one given before it.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=argparse.SUPPRESS,
-                        help=f"service base URL (env NF_URL; default {DEFAULT_URL})")
-    common.add_argument("--key", default=argparse.SUPPRESS,
-                        help="API key (env NF_API_KEY); prefer the env var, argv is visible to other users")
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                        help="print raw JSON instead of tables")
-    common.add_argument("--http-timeout", type=float, default=argparse.SUPPRESS,
-                        help="HTTP timeout per request, seconds (120)")
-    p = argparse.ArgumentParser(prog="nf", description="Client for the neural-field service (HTTP only).",
-                                parents=[common])
+    common.add_argument(
+        "--url",
+        default=argparse.SUPPRESS,
+        help=f"service base URL (env NF_URL; default {DEFAULT_URL})",
+    )
+    common.add_argument(
+        "--key",
+        default=argparse.SUPPRESS,
+        help="API key (env NF_API_KEY); prefer the env var, argv is visible to other users",
+    )
+    common.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print raw JSON instead of tables",
+    )
+    common.add_argument(
+        "--http-timeout",
+        type=float,
+        default=argparse.SUPPRESS,
+        help="HTTP timeout per request, seconds (120)",
+    )
+    p = argparse.ArgumentParser(
+        prog="nf", description="Client for the neural-field service (HTTP only).", parents=[common]
+    )
     subparsers = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def sub_add(name, **kw):
@@ -413,20 +468,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub_add("render", help="render one frame to a file")
     s.add_argument("id")
-    s.add_argument("--look-at", dest="look_at", nargs="+", type=vec3, metavar="X,Y,Z",
-                   help="EYE TARGET [UP] in the dataset's world frame (UP defaults to 0,0,1)")
+    s.add_argument(
+        "--look-at",
+        dest="look_at",
+        nargs="+",
+        type=vec3,
+        metavar="X,Y,Z",
+        help="EYE TARGET [UP] in the dataset's world frame (UP defaults to 0,0,1)",
+    )
     s.add_argument("--c2w", type=json.loads, default=None, help="camera-to-world 4x4 as JSON")
     view_args(s, 256, 256)
     s.set_defaults(fn=cmd_render)
 
     s = sub_add("path", help="render an animation along a camera path to a file")
     s.add_argument("id")
-    s.add_argument("--orbit", type=orbit_arg, metavar="R[,ELEV[,N]]",
-                   help="orbit radius, elevation in degrees (30) and frame count (36)")
+    s.add_argument(
+        "--orbit",
+        type=orbit_arg,
+        metavar="R[,ELEV[,N]]",
+        help="orbit radius, elevation in degrees (30) and frame count (36)",
+    )
     s.add_argument("--center", type=vec3, default=[0.0, 0.0, 0.0], metavar="X,Y,Z")
-    s.add_argument("--up", type=vec3, default=[0.0, 0.0, 1.0], metavar="X,Y,Z",
-                   help="orbit axis (default 0,0,1 as render's --look-at)")
-    s.add_argument("--poses", type=Path, default=None, help="JSON file with a list of cameras instead")
+    s.add_argument(
+        "--up",
+        type=vec3,
+        default=[0.0, 0.0, 1.0],
+        metavar="X,Y,Z",
+        help="orbit axis (default 0,0,1 as render's --look-at)",
+    )
+    s.add_argument(
+        "--poses", type=Path, default=None, help="JSON file with a list of cameras instead"
+    )
     view_args(s, 200, 200)
     s.set_defaults(fn=cmd_path)
 
@@ -452,8 +524,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Filled in here, not with set_defaults: parents share action objects, so a default set
     # on the top parser would reach every subcommand and overwrite a flag given before it.
-    for name, default in (("url", os.environ.get("NF_URL") or DEFAULT_URL), ("json", False),
-                          ("http_timeout", 120.0), ("key", os.environ.get("NF_API_KEY") or None)):
+    for name, default in (
+        ("url", os.environ.get("NF_URL") or DEFAULT_URL),
+        ("json", False),
+        ("http_timeout", 120.0),
+        ("key", os.environ.get("NF_API_KEY") or None),
+    ):
         if not hasattr(args, name):
             setattr(args, name, default)
     api = Api(args.url, timeout=args.http_timeout, key=args.key)

@@ -12,8 +12,8 @@ import sys
 
 import uvicorn
 
+from core.settings import Settings, get_settings
 from service.auth import DEV_KEY
-from service.settings import Settings, get_settings
 
 
 def use_dev_key_if_none() -> bool:
@@ -23,16 +23,33 @@ def use_dev_key_if_none() -> bool:
         return False
     os.environ["API_KEYS"] = f"dev:{DEV_KEY}"
     get_settings.cache_clear()
-    print(f"WARNING: no API_KEYS / API_KEYS_FILE set: using the development key {DEV_KEY!r} "
-          f"(send `Authorization: Bearer {DEV_KEY}`). Anyone who can reach this port can use it; "
-          f"set API_KEYS before exposing the service.", file=sys.stderr, flush=True)
+    print(
+        f"WARNING: no API_KEYS / API_KEYS_FILE set: using the development key {DEV_KEY!r} "
+        f"(send `Authorization: Bearer {DEV_KEY}`). Anyone who can reach this port can use it; "
+        f"set API_KEYS before exposing the service.",
+        file=sys.stderr,
+        flush=True,
+    )
     return True
 
 
 def worker_command(queues: str = "train,render", concurrency: int = 2) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "worker.app", "worker", "-Q", queues,
-            "-c", str(concurrency), "--loglevel", os.environ.get("WORKER_LOGLEVEL", "info"),
-            "-n", f"embedded-{os.getpid()}@%h"]
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "worker.app",
+        "worker",
+        "-Q",
+        queues,
+        "-c",
+        str(concurrency),
+        "--loglevel",
+        os.environ.get("WORKER_LOGLEVEL", "info"),
+        "-n",
+        f"embedded-{os.getpid()}@%h",
+    ]
 
 
 def main() -> int:
@@ -41,9 +58,16 @@ def main() -> int:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "DATA_DIR": str(settings.data_dir.resolve())}
     worker = subprocess.Popen(worker_command(), env=env, start_new_session=True)
-    broker = f"Redis at {settings.redis_url}" if settings.redis_url else f"files under {settings.data_dir.resolve()}"
-    print(f"API on http://{settings.host}:{settings.port} (docs at /docs); worker pid {worker.pid}; "
-          f"broker: {broker}", flush=True)
+    broker = (
+        f"Redis at {settings.redis_url}"
+        if settings.redis_url
+        else f"files under {settings.data_dir.resolve()}"
+    )
+    print(
+        f"API on http://{settings.host}:{settings.port} (docs at /docs); worker pid {worker.pid}; "
+        f"broker: {broker}",
+        flush=True,
+    )
 
     def stop_worker() -> None:
         if worker.poll() is None:

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 import os
 import time
+from functools import lru_cache
 from typing import Any
 
 from celery import Celery
 
-from service.celery_config import (RENDER_QUEUE, TASK_RENDER, TASK_RENDER_PATH, TASK_TRAIN,
-                                   TRAIN_QUEUE, broker_dirs, celery_config)
-from service.settings import Settings, get_settings
+from core.celery_config import (
+    RENDER_QUEUE,
+    TASK_RENDER,
+    TASK_RENDER_PATH,
+    TASK_TRAIN,
+    TRAIN_QUEUE,
+    broker_dirs,
+    celery_config,
+)
+from core.settings import Settings, get_settings
 
 
 class RenderTimeout(Exception):
@@ -36,7 +43,9 @@ class TaskQueue:
 
     def send_train(self, job_id: str) -> None:
         # task_id == job_id, so cancelling a queued job can revoke it without extra state.
-        self.client.send_task(TASK_TRAIN, args=[job_id], queue=TRAIN_QUEUE, task_id=job_id, ignore_result=True)
+        self.client.send_task(
+            TASK_TRAIN, args=[job_id], queue=TRAIN_QUEUE, task_id=job_id, ignore_result=True
+        )
 
     def revoke(self, job_id: str) -> None:
         try:
@@ -55,7 +64,9 @@ class TaskQueue:
             while not self._ready(res):
                 if time.monotonic() > deadline:
                     res.revoke()
-                    raise RenderTimeout(f"render did not finish within {self.settings.render_timeout_s:g} s")
+                    raise RenderTimeout(
+                        f"render did not finish within {self.settings.render_timeout_s:g} s"
+                    )
                 time.sleep(delay)
                 delay = min(delay * 1.5, 0.1)
             if res.failed():
@@ -82,8 +93,13 @@ class TaskQueue:
             if self.settings.redis_url:
                 import redis
 
-                return bool(redis.Redis.from_url(self.settings.redis_url, socket_timeout=timeout,
-                                                 socket_connect_timeout=timeout).ping())
+                return bool(
+                    redis.Redis.from_url(
+                        self.settings.redis_url,
+                        socket_timeout=timeout,
+                        socket_connect_timeout=timeout,
+                    ).ping()
+                )
             queue_dir = broker_dirs(self.settings)["queue"]
             return os.access(queue_dir, os.W_OK)
         except Exception:

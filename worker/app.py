@@ -5,8 +5,8 @@ from __future__ import annotations
 from celery import Celery
 from celery.signals import worker_process_init
 
-from service.celery_config import celery_config
-from service.settings import get_settings
+from core.celery_config import celery_config
+from core.settings import get_settings
 
 app = Celery("nf-worker", include=["worker.tasks"])
 app.conf.update(celery_config(get_settings()))

@@ -10,8 +10,9 @@ field was trained in, with the `normalization` stored in dataset/cameras.json.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -24,6 +25,7 @@ def _t(x: Tensorish, dtype=torch.float64) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- poses
+
 
 def look_at(eye: Tensorish, target: Tensorish, up: Tensorish = (0.0, 0.0, 1.0)) -> torch.Tensor:
     """c2w (4x4 float64) for a camera at `eye` looking at `target`, image-up as close to `up` as possible."""
@@ -77,8 +79,14 @@ def world_distance(d_norm: torch.Tensor, normalization: dict) -> torch.Tensor:
     return d_norm / float(normalization["scale"])
 
 
-def orbit_poses(center: Tensorish, radius: float, elevation_deg: float, n_frames: int,
-                up: Tensorish = (0.0, 0.0, 1.0), start_azimuth_deg: float = 0.0) -> torch.Tensor:
+def orbit_poses(
+    center: Tensorish,
+    radius: float,
+    elevation_deg: float,
+    n_frames: int,
+    up: Tensorish = (0.0, 0.0, 1.0),
+    start_azimuth_deg: float = 0.0,
+) -> torch.Tensor:
     """(n, 4, 4) cameras evenly spaced in azimuth on a circle around `center`, looking at it."""
     c, up = _t(center), _t(up)
     up = up / up.norm()
@@ -97,6 +105,7 @@ def orbit_poses(center: Tensorish, radius: float, elevation_deg: float, n_frames
 
 
 # --------------------------------------------------------------------------- intrinsics and rays
+
 
 def focal_from_fov(fov_deg: float, size: int) -> float:
     """Focal length in pixels for a field of view spanning `size` pixels."""
@@ -130,8 +139,13 @@ def undistort(xd: torch.Tensor, yd: torch.Tensor, dist: torch.Tensor, iters: int
     return x, y
 
 
-def rays_from_pixels(c2w: torch.Tensor, intrinsics: torch.Tensor, px: torch.Tensor, py: torch.Tensor,
-                     distortion: torch.Tensor | None = None):
+def rays_from_pixels(
+    c2w: torch.Tensor,
+    intrinsics: torch.Tensor,
+    px: torch.Tensor,
+    py: torch.Tensor,
+    distortion: torch.Tensor | None = None,
+):
     """Rays through pixel coordinates (px, py) (pixel centres are integer + 0.5).
 
     c2w (N, 3|4, 4), intrinsics (N, 4) = fx, fy, cx, cy, px/py (N,), distortion (N, 5) or None;
@@ -141,10 +155,10 @@ def rays_from_pixels(c2w: torch.Tensor, intrinsics: torch.Tensor, px: torch.Tens
     intrinsics = intrinsics.to(torch.float32)
     fx, fy, cx, cy = intrinsics.unbind(-1)
     x = (px.to(torch.float32) - cx) / fx
-    y = (py.to(torch.float32) - cy) / fy          # OpenCV: y down
+    y = (py.to(torch.float32) - cy) / fy  # OpenCV: y down
     if distortion is not None:
         x, y = undistort(x, y, distortion.to(torch.float32))
-    d_cam = torch.stack([x, -y, -torch.ones_like(x)], -1)   # to OpenGL: y up, looking down -z
+    d_cam = torch.stack([x, -y, -torch.ones_like(x)], -1)  # to OpenGL: y up, looking down -z
     d = torch.einsum("...ij,...j->...i", c2w[..., :3, :3], d_cam)
     d = d / d.norm(dim=-1, keepdim=True)
     o = c2w[..., :3, 3].expand_as(d)
@@ -153,13 +167,25 @@ def rays_from_pixels(c2w: torch.Tensor, intrinsics: torch.Tensor, px: torch.Tens
 
 def pixel_grid(width: int, height: int, device=None):
     """Pixel-centre coordinates (H*W,) px, py, row-major from the top-left pixel."""
-    j, i = torch.meshgrid(torch.arange(height, device=device, dtype=torch.float32),
-                          torch.arange(width, device=device, dtype=torch.float32), indexing="ij")
+    j, i = torch.meshgrid(
+        torch.arange(height, device=device, dtype=torch.float32),
+        torch.arange(width, device=device, dtype=torch.float32),
+        indexing="ij",
+    )
     return i.reshape(-1) + 0.5, j.reshape(-1) + 0.5
 
 
-def image_rays(c2w: Tensorish, fx: float, fy: float, cx: float, cy: float, width: int, height: int,
-               distortion: Tensorish | None = None, device=None):
+def image_rays(
+    c2w: Tensorish,
+    fx: float,
+    fy: float,
+    cx: float,
+    cy: float,
+    width: int,
+    height: int,
+    distortion: Tensorish | None = None,
+    device=None,
+):
     """All rays of one image, (H*W, 3) origins and unit directions, row-major."""
     px, py = pixel_grid(width, height, device)
     c2w = as_c2w(c2w).to(device)
@@ -172,7 +198,7 @@ def project_points(points: Tensorish, c2w: Tensorish, fx: float, fy: float, cx: 
     """World points (N, 3) -> pixel coordinates (N, 2) and depth along the view axis (N,) (pinhole)."""
     p = _t(points)
     m = as_c2w(c2w)
-    local = (p - m[:3, 3]) @ m[:3, :3]          # R^T (p - t)
+    local = (p - m[:3, 3]) @ m[:3, :3]  # R^T (p - t)
     z = -local[:, 2]
     u = cx + fx * local[:, 0] / z
     v = cy - fy * local[:, 1] / z
@@ -181,11 +207,12 @@ def project_points(points: Tensorish, c2w: Tensorish, fx: float, fy: float, cx: 
 
 # --------------------------------------------------------------------------- render requests
 
+
 @dataclass
 class RenderCamera:
     """A request camera resolved against a dataset: pose in the normalised (training) frame."""
 
-    c2w: torch.Tensor       # (4, 4) float64, normalised frame
+    c2w: torch.Tensor  # (4, 4) float64, normalised frame
     fx: float
     fy: float
     cx: float
@@ -194,12 +221,16 @@ class RenderCamera:
     height: int
 
     def rays(self, device=None):
-        return image_rays(self.c2w, self.fx, self.fy, self.cx, self.cy, self.width, self.height, device=device)
+        return image_rays(
+            self.c2w, self.fx, self.fy, self.cx, self.cy, self.width, self.height, device=device
+        )
 
 
 def default_fov_x_deg(meta: dict) -> float:
     """The median horizontal fov of the training cameras, for requests that give no intrinsics."""
-    fovs = sorted(fov_from_focal(f["fx"], f["w"]) for f in meta["frames"] if f.get("split") == "train")
+    fovs = sorted(
+        fov_from_focal(f["fx"], f["w"]) for f in meta["frames"] if f.get("split") == "train"
+    )
     return fovs[len(fovs) // 2] if fovs else 50.0
 
 
@@ -248,11 +279,21 @@ def path_cameras(request: dict[str, Any], meta: dict) -> list[RenderCamera]:
     return [resolve_camera({**request, **p}, meta) for p in poses]
 
 
-def orbit_cameras(orbit: dict[str, Any], intrinsics: dict[str, Any], width: int, height: int,
-                  meta: dict) -> list[RenderCamera]:
+def orbit_cameras(
+    orbit: dict[str, Any], intrinsics: dict[str, Any], width: int, height: int, meta: dict
+) -> list[RenderCamera]:
     """api_schemas.camera.Orbit (world frame) -> normalised RenderCameras."""
     up = orbit.get("up") or meta.get("world_up") or (0.0, 0.0, 1.0)
-    poses = orbit_poses(orbit.get("center", (0, 0, 0)), orbit["radius"], orbit.get("elevation_deg", 20.0),
-                        orbit.get("n_frames", 36), up, orbit.get("start_azimuth_deg", 0.0))
+    poses = orbit_poses(
+        orbit.get("center", (0, 0, 0)),
+        orbit["radius"],
+        orbit.get("elevation_deg", 20.0),
+        orbit.get("n_frames", 36),
+        up,
+        orbit.get("start_azimuth_deg", 0.0),
+    )
     fx, fy, cx, cy = resolve_intrinsics(intrinsics, width, height, meta)
-    return [RenderCamera(normalize_pose(p, meta["normalization"]), fx, fy, cx, cy, width, height) for p in poses]
+    return [
+        RenderCamera(normalize_pose(p, meta["normalization"]), fx, fy, cx, cy, width, height)
+        for p in poses
+    ]

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save
 
-from service.storage import atomic_write_bytes, atomic_write_json
+from core.storage import atomic_write_bytes, atomic_write_json
 
 log = logging.getLogger(__name__)
 STEP_RE = re.compile(r"^step-(\d+)\.safetensors$")
@@ -42,7 +42,9 @@ class CheckpointManager:
     def due(self) -> bool:
         return time.monotonic() - self._last_save >= self.interval_s
 
-    def save(self, step: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any] | None = None) -> Path:
+    def save(
+        self, step: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any] | None = None
+    ) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         blob = save({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()})
         path = self.dir / f"step-{step}.safetensors"
@@ -55,7 +57,7 @@ class CheckpointManager:
         return path
 
     def _prune(self) -> None:
-        for step in self.steps()[self.keep:]:
+        for step in self.steps()[self.keep :]:
             for suffix in (".safetensors", ".json"):
                 (self.dir / f"step-{step}{suffix}").unlink(missing_ok=True)
 
@@ -64,7 +66,10 @@ class CheckpointManager:
         """Steps on disk, newest first."""
         if not self.dir.is_dir():
             return []
-        return sorted((int(m.group(1)) for p in self.dir.iterdir() if (m := STEP_RE.match(p.name))), reverse=True)
+        return sorted(
+            (int(m.group(1)) for p in self.dir.iterdir() if (m := STEP_RE.match(p.name))),
+            reverse=True,
+        )
 
     def latest_step(self) -> int | None:
         try:
@@ -86,5 +91,10 @@ class CheckpointManager:
             try:
                 return self.load(step)
             except Exception as exc:  # truncated/corrupt file: fall back to the previous one
-                log.warning("checkpoint step %s in %s unreadable (%s); trying an older one", step, self.dir, exc)
+                log.warning(
+                    "checkpoint step %s in %s unreadable (%s); trying an older one",
+                    step,
+                    self.dir,
+                    exc,
+                )
         return None

@@ -8,7 +8,7 @@ import threading
 import time
 
 from api_schemas.jobs import Progress
-from service.store import JobStore
+from core.store import JobStore
 
 log = logging.getLogger(__name__)
 EXTRA_FIELDS = ("rays_per_s", "samples_per_ray")
@@ -40,21 +40,36 @@ class ProgressReporter:
         x = float(x)
         return x if math.isfinite(x) else None
 
-    def _progress(self, step: int, total_steps: int, loss, psnr, now: float, extra=None) -> Progress:
+    def _progress(
+        self, step: int, total_steps: int, loss, psnr, now: float, extra=None
+    ) -> Progress:
         elapsed = now - self.t0
         done = step - self.start_step
         eta = elapsed / done * (total_steps - step) if done > 0 else None
-        return Progress(step=step, total_steps=total_steps, loss=self._clean(loss), psnr=self._clean(psnr),
-                        elapsed_s=round(elapsed, 3), eta_s=None if eta is None else round(eta, 3),
-                        **{k: self._clean(v) for k, v in (extra or {}).items()})
+        return Progress(
+            step=step,
+            total_steps=total_steps,
+            loss=self._clean(loss),
+            psnr=self._clean(psnr),
+            elapsed_s=round(elapsed, 3),
+            eta_s=None if eta is None else round(eta, 3),
+            **{k: self._clean(v) for k, v in (extra or {}).items()},
+        )
 
     def _write(self, progress: Progress, now: float) -> None:
         self.store.set_progress(self.job_id, progress)
         self.last = progress
         self._last_write = now
 
-    def report(self, step: int, total_steps: int, loss: float | None = None, psnr: float | None = None,
-               force: bool = False, **extra: float | None) -> bool:
+    def report(
+        self,
+        step: int,
+        total_steps: int,
+        loss: float | None = None,
+        psnr: float | None = None,
+        force: bool = False,
+        **extra: float | None,
+    ) -> bool:
         """`extra`: further Progress fields (rays_per_s, samples_per_ray)."""
         now = time.monotonic()
         # Throttled on the last *report*: heartbeat writes during a slow step must not swallow
@@ -78,13 +93,17 @@ class ProgressReporter:
                     continue
                 try:
                     extra = {k: getattr(p, k) for k in EXTRA_FIELDS}
-                    self._write(self._progress(p.step, p.total_steps, p.loss, p.psnr, now, extra), now)
+                    self._write(
+                        self._progress(p.step, p.total_steps, p.loss, p.psnr, now, extra), now
+                    )
                 except Exception:  # the job folder may be going away; the task decides
                     log.debug("progress heartbeat write failed", exc_info=True)
 
-    def __enter__(self) -> "ProgressReporter":
+    def __enter__(self) -> ProgressReporter:
         self._stop.clear()
-        self._thread = threading.Thread(target=self._beat, name=f"progress-{self.job_id[:8]}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._beat, name=f"progress-{self.job_id[:8]}", daemon=True
+        )
         self._thread.start()
         return self
 

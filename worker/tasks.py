@@ -9,19 +9,27 @@ import threading
 import time
 import traceback
 from collections import OrderedDict
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from celery.signals import worker_ready
 
 from api_schemas.jobs import JobStatus
-from service.celery_config import TASK_TRAIN, TRAIN_QUEUE
-from service.settings import get_settings
-from service.storage import get_storage
-from service.store import JobNotFound, JobStore
+from core.celery_config import TASK_TRAIN, TRAIN_QUEUE
+from core.settings import get_settings
+from core.storage import get_storage
+from core.store import JobNotFound, JobStore
 from worker.app import app, limit_torch_threads
 from worker.checkpoints import Checkpoint, CheckpointManager
-from worker.jobs import JobCancelled, JobContext, RenderError, UnknownKind, get_kind_module, pick_device
+from worker.jobs import (
+    JobCancelled,
+    JobContext,
+    RenderError,
+    UnknownKind,
+    get_kind_module,
+    pick_device,
+)
 from worker.progress import ProgressReporter
 
 log = logging.getLogger(__name__)
@@ -109,7 +117,10 @@ def train(job_id: str) -> None:
         return
     with _train_lock(paths) as mine:
         if not mine:
-            log.warning("nf.train: job %s is being trained by another process; dropping this delivery", job_id)
+            log.warning(
+                "nf.train: job %s is being trained by another process; dropping this delivery",
+                job_id,
+            )
             return
         _train_locked(store, settings, job_id, paths)
 
@@ -125,22 +136,34 @@ def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
     try:
         module = get_kind_module(job.kind.value)
         ctx = JobContext(
-            job=job, paths=paths, settings=settings, store=store,
+            job=job,
+            paths=paths,
+            settings=settings,
+            store=store,
             progress=ProgressReporter(store, job_id, settings.progress_interval_s),
-            checkpoints=CheckpointManager(paths.checkpoints, keep=settings.checkpoints_kept,
-                                          interval_s=settings.checkpoint_interval_s),
+            checkpoints=CheckpointManager(
+                paths.checkpoints,
+                keep=settings.checkpoints_kept,
+                interval_s=settings.checkpoint_interval_s,
+            ),
             device=pick_device(settings.device),
         )
         with ctx.progress:
             metrics = module.train(ctx) or {}
     except JobCancelled:
-        store.set_status(job_id, JobStatus.cancelled, only_from={JobStatus.running, JobStatus.queued})
+        store.set_status(
+            job_id, JobStatus.cancelled, only_from={JobStatus.running, JobStatus.queued}
+        )
         log.info("job %s cancelled", job_id)
         return
     except Exception as exc:
         log.error("job %s failed:\n%s", job_id, traceback.format_exc())
-        store.set_status(job_id, JobStatus.failed, error=_short_error(exc),
-                         only_from={JobStatus.running, JobStatus.queued})
+        store.set_status(
+            job_id,
+            JobStatus.failed,
+            error=_short_error(exc),
+            only_from={JobStatus.running, JobStatus.queued},
+        )
         return
     store.set_status(job_id, JobStatus.succeeded, metrics=metrics, only_from={JobStatus.running})
 
@@ -172,20 +195,28 @@ def requeue_orphans() -> list[str]:
         except (JobNotFound, ValueError, OSError):
             continue
         if orphan:
-            app.send_task(TASK_TRAIN, args=[job_id], queue=TRAIN_QUEUE, task_id=job_id, ignore_result=True)
+            app.send_task(
+                TASK_TRAIN, args=[job_id], queue=TRAIN_QUEUE, task_id=job_id, ignore_result=True
+            )
             (sent if status == JobStatus.running else queued).append(job_id)
     if sent:
         log.warning("requeued %d orphaned training(s): %s", len(sent), ", ".join(sent))
     if queued:
         # job.json is the record of what was asked for; a broker that lost its messages (Redis
         # restarted without persistence) would otherwise leave these queued forever.
-        log.warning("re-sent %d queued training(s) from the job store: %s", len(queued), ", ".join(queued))
+        log.warning(
+            "re-sent %d queued training(s) from the job store: %s", len(queued), ", ".join(queued)
+        )
     return sent + queued
 
 
 @worker_ready.connect
 def _on_worker_ready(sender=None, **_):
-    queues = {q.name for q in sender.app.amqp.queues.consume_from.values()} if sender is not None else set()
+    queues = (
+        {q.name for q in sender.app.amqp.queues.consume_from.values()}
+        if sender is not None
+        else set()
+    )
     if TRAIN_QUEUE in queues or not queues:
         try:
             requeue_orphans()
@@ -225,14 +256,21 @@ def _render(job_id: str, request: dict[str, Any], fn_name: str) -> dict[str, Any
         module = get_kind_module(job.kind.value)
         fn = getattr(module, fn_name, None)
         if fn is None:
-            raise RenderError(422, f"{job.kind.value} jobs do not support {fn_name.replace('_', ' ')}")
+            raise RenderError(
+                422, f"{job.kind.value} jobs do not support {fn_name.replace('_', ' ')}"
+            )
         data, content_type = fn(job, _checkpoint(job_id, store.storage.paths(job_id)), request)
     except RenderError as exc:
         return {"error": {"status_code": exc.status_code, "detail": exc.detail}}
     except UnknownKind as exc:
         return {"error": {"status_code": 422, "detail": str(exc)}}
     except NotImplementedError as exc:
-        return {"error": {"status_code": 422, "detail": str(exc) or f"{fn_name} is not implemented for {job.kind.value}"}}
+        return {
+            "error": {
+                "status_code": 422,
+                "detail": str(exc) or f"{fn_name} is not implemented for {job.kind.value}",
+            }
+        }
     except Exception as exc:
         log.exception("render of %s failed", job_id)
         return {"error": {"status_code": 500, "detail": f"render failed: {_short_error(exc)}"}}

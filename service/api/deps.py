@@ -6,10 +6,10 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPBearer
 
 from api_schemas.jobs import Job
+from core.settings import Settings
+from core.storage import LocalStorage, parse_job_id
+from core.store import JobNotFound, JobStore
 from service.auth import ApiKey, KeyRing, bearer_token, owns
-from service.settings import Settings
-from service.storage import LocalStorage, parse_job_id
-from service.store import JobNotFound, JobStore
 from service.queue import TaskQueue
 
 
@@ -46,8 +46,11 @@ def load_job(store: JobStore, job_id: str) -> Job:
 # -- API keys (service/auth.py) ---------------------------------------------------------------
 # HTTPBearer only puts the scheme in the OpenAPI document; the check below does the work, so
 # every failure is the same JSON 401 with WWW-Authenticate.
-bearer_scheme = HTTPBearer(auto_error=False, scheme_name="ApiKey",
-                           description="an API key from API_KEYS / API_KEYS_FILE, as `Authorization: Bearer <key>`")
+bearer_scheme = HTTPBearer(
+    auto_error=False,
+    scheme_name="ApiKey",
+    description="an API key from API_KEYS / API_KEYS_FILE, as `Authorization: Bearer <key>`",
+)
 EVENTS_SUFFIX = "/events"
 
 
@@ -65,8 +68,11 @@ def require_key(request: Request, _scheme=Depends(bearer_scheme)) -> ApiKey:
         raise _unauthorized("an API key is required: send `Authorization: Bearer <key>`")
     key = keys.match(token)
     if key is None:
-        raise _unauthorized("invalid API key" if len(keys) else
-                            "this server has no API keys configured (set API_KEYS or API_KEYS_FILE)")
+        raise _unauthorized(
+            "invalid API key"
+            if len(keys)
+            else "this server has no API keys configured (set API_KEYS or API_KEYS_FILE)"
+        )
     request.state.api_key = key
     return key
 

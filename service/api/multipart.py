@@ -3,9 +3,9 @@ size cap, instead of being spooled whole before the route sees it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
@@ -34,11 +34,15 @@ class Form:
 def boundary_of(request: Request) -> bytes:
     ctype, params = parse_options_header(request.headers.get("content-type", ""))
     if ctype != b"multipart/form-data" or not params.get(b"boundary"):
-        raise IntakeError(415, "send the upload as multipart/form-data (fields kind, dataset, config)")
+        raise IntakeError(
+            415, "send the upload as multipart/form-data (fields kind, dataset, config)"
+        )
     return params[b"boundary"]
 
 
-async def read_form(request: Request, file_path: Callable[[str, str], Path], max_file_bytes: int) -> Form:
+async def read_form(
+    request: Request, file_path: Callable[[str, str], Path], max_file_bytes: int
+) -> Form:
     """Parse the body; each file part is written to file_path(field, filename)."""
     form = Form()
     state: dict = {"headers": {}, "name": b"", "value": b"", "buf": None, "fh": None, "file": None}
@@ -78,12 +82,16 @@ async def read_form(request: Request, file_path: Callable[[str, str], Path], max
         if state["fh"] is not None:
             state["file"].size += len(chunk)
             if state["file"].size > max_file_bytes:
-                raise IntakeError(413, f"upload exceeds the limit of {max_file_bytes} bytes (MAX_UPLOAD_MB)")
+                raise IntakeError(
+                    413, f"upload exceeds the limit of {max_file_bytes} bytes (MAX_UPLOAD_MB)"
+                )
             state["fh"].write(chunk)
         elif state["buf"] is not None:
             state["buf"] += chunk
             if len(state["buf"]) > MAX_FIELD_BYTES:
-                raise IntakeError(413, f"form field {state['field']!r} is over {MAX_FIELD_BYTES} bytes")
+                raise IntakeError(
+                    413, f"form field {state['field']!r} is over {MAX_FIELD_BYTES} bytes"
+                )
 
     def on_part_end():
         if state["fh"] is not None:
@@ -93,11 +101,18 @@ async def read_form(request: Request, file_path: Callable[[str, str], Path], max
             form.fields[state["field"]] = state["buf"].decode("utf-8", "replace")
             state["buf"] = None
 
-    parser = MultipartParser(boundary_of(request), {
-        "on_part_begin": on_part_begin, "on_header_field": on_header_field, "on_header_value": on_header_value,
-        "on_header_end": on_header_end, "on_headers_finished": on_headers_finished,
-        "on_part_data": on_part_data, "on_part_end": on_part_end,
-    })
+    parser = MultipartParser(
+        boundary_of(request),
+        {
+            "on_part_begin": on_part_begin,
+            "on_header_field": on_header_field,
+            "on_header_value": on_header_value,
+            "on_header_end": on_header_end,
+            "on_headers_finished": on_headers_finished,
+            "on_part_data": on_part_data,
+            "on_part_end": on_part_end,
+        },
+    )
     try:
         async for chunk in request.stream():
             parser.write(chunk)

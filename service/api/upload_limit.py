@@ -17,15 +17,28 @@ class UploadLimitMiddleware:
         self.path_prefix = path_prefix
 
     async def _reject(self, send) -> None:
-        body = json.dumps({"detail": f"upload exceeds the limit of {self.max_bytes} bytes (MAX_UPLOAD_MB)"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
+        body = json.dumps(
+            {"detail": f"upload exceeds the limit of {self.max_bytes} bytes (MAX_UPLOAD_MB)"}
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].startswith(self.path_prefix):
+        if (
+            scope["type"] != "http"
+            or scope["method"] != "POST"
+            or not scope["path"].startswith(self.path_prefix)
+        ):
             return await self.app(scope, receive, send)
         # Multipart framing adds a little over the file itself.
         limit = self.max_bytes + 64 * 1024

@@ -22,8 +22,18 @@ from service.intake import IntakeError
 
 CHUNK = 1 << 20
 # What the stdlib readers raise on damaged input (zlib.error escapes zipfile and gzip unwrapped).
-CORRUPT = (zipfile.BadZipFile, tarfile.TarError, zlib.error, OSError, EOFError, ValueError,
-           NotImplementedError, RuntimeError, KeyError, struct.error)
+CORRUPT = (
+    zipfile.BadZipFile,
+    tarfile.TarError,
+    zlib.error,
+    OSError,
+    EOFError,
+    ValueError,
+    NotImplementedError,
+    RuntimeError,
+    KeyError,
+    struct.error,
+)
 
 
 @dataclass(frozen=True)
@@ -95,22 +105,31 @@ class _Budget:
 
     def declare(self, total: int) -> None:
         if total > self.limits.max_total_bytes:
-            raise IntakeError(413, f"archive would extract to {total} bytes, over the limit of "
-                                   f"{self.limits.max_total_bytes}")
+            raise IntakeError(
+                413,
+                f"archive would extract to {total} bytes, over the limit of "
+                f"{self.limits.max_total_bytes}",
+            )
 
     def add(self, n: int) -> None:
         self.written += n
         self.declare(self.written)
-        if (self.written > self.limits.ratio_grace_bytes
-                and self.written / self.archive_bytes > self.limits.max_ratio):
-            raise IntakeError(413, f"archive expands more than {self.limits.max_ratio:g}x "
-                                   "(looks like a zip bomb)")
+        if (
+            self.written > self.limits.ratio_grace_bytes
+            and self.written / self.archive_bytes > self.limits.max_ratio
+        ):
+            raise IntakeError(
+                413, f"archive expands more than {self.limits.max_ratio:g}x (looks like a zip bomb)"
+            )
 
 
 def _check_ratio(name: str, size: int, compressed: int, limits: ArchiveLimits) -> None:
     if size > limits.ratio_grace_bytes and size / max(compressed, 1) > limits.max_ratio:
-        raise IntakeError(413, f"archive entry {name!r} expands {size / max(compressed, 1):.0f}x, over the "
-                               f"limit of {limits.max_ratio:g}x (looks like a zip bomb)")
+        raise IntakeError(
+            413,
+            f"archive entry {name!r} expands {size / max(compressed, 1):.0f}x, over the "
+            f"limit of {limits.max_ratio:g}x (looks like a zip bomb)",
+        )
 
 
 def _copy_stream(src: BinaryIO, target: Path, budget: _Budget, declared: int, name: str) -> None:
@@ -128,7 +147,9 @@ def _copy_stream(src: BinaryIO, target: Path, budget: _Budget, declared: int, na
             budget.add(len(chunk))
             out.write(chunk)
     if written != declared:
-        raise IntakeError(400, f"archive entry {name!r} is shorter than its header says (truncated archive?)")
+        raise IntakeError(
+            400, f"archive entry {name!r} is shorter than its header says (truncated archive?)"
+        )
 
 
 def _prepare(dest: Path, rel: PurePosixPath, name: str, is_dir: bool) -> Path:
@@ -156,7 +177,9 @@ def _extract_zip(src: Path, dest: Path, limits: ArchiveLimits) -> list[PurePosix
     with zf:
         infos = zf.infolist()
         if len(infos) > limits.max_entries:
-            raise IntakeError(413, f"archive has {len(infos)} entries, over the limit of {limits.max_entries}")
+            raise IntakeError(
+                413, f"archive has {len(infos)} entries, over the limit of {limits.max_entries}"
+            )
         budget.declare(sum(i.file_size for i in infos))
         plan = []
         for info in infos:
@@ -184,7 +207,9 @@ def _extract_zip(src: Path, dest: Path, limits: ArchiveLimits) -> list[PurePosix
             except IntakeError:
                 raise
             except CORRUPT as exc:
-                raise IntakeError(400, f"archive entry {info.filename!r} is corrupt: {exc}") from None
+                raise IntakeError(
+                    400, f"archive entry {info.filename!r} is corrupt: {exc}"
+                ) from None
             out.append(rel)
     return out
 
@@ -200,10 +225,15 @@ def _extract_tar(src: Path, dest: Path, limits: ArchiveLimits) -> list[PurePosix
                 budget.entry()
                 rel = safe_member_path(member.name)
                 if member.issym() or member.islnk():
-                    raise IntakeError(400, f"archive entry {member.name!r} is a "
-                                           f"{'symbolic' if member.issym() else 'hard'} link")
+                    raise IntakeError(
+                        400,
+                        f"archive entry {member.name!r} is a "
+                        f"{'symbolic' if member.issym() else 'hard'} link",
+                    )
                 if not (member.isreg() or member.isdir()):
-                    raise IntakeError(400, f"archive entry {member.name!r} is a special file (device, fifo)")
+                    raise IntakeError(
+                        400, f"archive entry {member.name!r} is a special file (device, fifo)"
+                    )
                 if member.isreg():
                     budget.declare(budget.written + member.size)
                 if rel is None:
@@ -221,7 +251,9 @@ def _extract_tar(src: Path, dest: Path, limits: ArchiveLimits) -> list[PurePosix
     return out
 
 
-def extract_archive(src: Path, dest: Path, limits: ArchiveLimits | None = None) -> list[PurePosixPath]:
+def extract_archive(
+    src: Path, dest: Path, limits: ArchiveLimits | None = None
+) -> list[PurePosixPath]:
     """Extract `src` into the (new or empty) folder `dest`; returns the files written, relative to it.
 
     On error the caller should remove `dest`: a partial extraction is left there, but nothing is ever

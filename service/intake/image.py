@@ -22,8 +22,9 @@ def _jpeg_complete(path: Path) -> bool:
         return b"\xff\xd9" in fh.read()
 
 
-def validate_upload(src_path: Path, filename: str, config: dict[str, Any], job_dir: Path,
-                    settings) -> tuple[dict[str, Any], dict[str, Any]]:
+def validate_upload(
+    src_path: Path, filename: str, config: dict[str, Any], job_dir: Path, settings
+) -> tuple[dict[str, Any], dict[str, Any]]:
     src_path = Path(src_path)
     if src_path.stat().st_size == 0:
         raise IntakeError(422, "the uploaded file is empty")
@@ -35,8 +36,11 @@ def validate_upload(src_path: Path, filename: str, config: dict[str, Any], job_d
                 fmt, (w, h), mode = im.format, im.size, im.mode
     except Image.DecompressionBombError as exc:
         # Pillow's own cap is far above ours, so this is over ours too.
-        raise IntakeError(422, f"image is over the pixel limit of {settings.max_image_pixels} "
-                               f"(MAX_IMAGE_PIXELS): {exc}") from None
+        raise IntakeError(
+            422,
+            f"image is over the pixel limit of {settings.max_image_pixels} "
+            f"(MAX_IMAGE_PIXELS): {exc}",
+        ) from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
         raise IntakeError(415, "not a PNG or JPEG image") from None
     if fmt not in FORMATS:
@@ -44,8 +48,11 @@ def validate_upload(src_path: Path, filename: str, config: dict[str, Any], job_d
     if w < 1 or h < 1:
         raise IntakeError(422, f"image has no pixels ({w}x{h})")
     if w * h > settings.max_image_pixels:
-        raise IntakeError(422, f"image is {w}x{h} = {w * h} pixels, over the limit of "
-                               f"{settings.max_image_pixels} (MAX_IMAGE_PIXELS)")
+        raise IntakeError(
+            422,
+            f"image is {w}x{h} = {w * h} pixels, over the limit of "
+            f"{settings.max_image_pixels} (MAX_IMAGE_PIXELS)",
+        )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -59,5 +66,11 @@ def validate_upload(src_path: Path, filename: str, config: dict[str, Any], job_d
     dataset = Path(job_dir) / "dataset"
     dataset.mkdir(parents=True, exist_ok=True)
     os.replace(src_path, dataset / f"image.{FORMATS[fmt]}")
-    return config, {"file": f"image.{FORMATS[fmt]}", "width": w, "height": h, "format": fmt, "mode": mode,
-                    "filename": filename}
+    return config, {
+        "file": f"image.{FORMATS[fmt]}",
+        "width": w,
+        "height": h,
+        "format": fmt,
+        "mode": mode,
+        "filename": filename,
+    }

@@ -62,18 +62,18 @@ class RawFrame:
     """One posed photo as read from the upload, before image checks and normalisation."""
 
     image: Path
-    name: str                      # for messages: the path as written in the pose file
-    c2w: np.ndarray                # 4x4, OpenGL axes, dataset world frame
-    split: str | None = None       # None: decided by the every-8th rule
+    name: str  # for messages: the path as written in the pose file
+    c2w: np.ndarray  # 4x4, OpenGL axes, dataset world frame
+    split: str | None = None  # None: decided by the every-8th rule
     fx: float | None = None
     fy: float | None = None
     cx: float | None = None
     cy: float | None = None
-    fov_x: float | None = None     # radians
+    fov_x: float | None = None  # radians
     fov_y: float | None = None
-    w: int | None = None           # size the intrinsics refer to, if the pose file says
+    w: int | None = None  # size the intrinsics refer to, if the pose file says
     h: int | None = None
-    own_intrinsics: bool = False   # per-frame intrinsics: mixed image sizes are then fine
+    own_intrinsics: bool = False  # per-frame intrinsics: mixed image sizes are then fine
     distortion: dict[str, float] = field(default_factory=dict)
 
 
@@ -87,6 +87,7 @@ class Parsed:
 
 
 # --------------------------------------------------------------------------- helpers
+
 
 def _num(value: Any, what: str) -> float:
     try:
@@ -109,16 +110,23 @@ def check_rigid(m: Any, what: str) -> np.ndarray:
     except (TypeError, ValueError):
         raise IntakeError(422, f"{what}: transform matrix is not a 4x4 array of numbers") from None
     if a.shape not in ((4, 4), (3, 4)):
-        raise IntakeError(422, f"{what}: transform matrix must be 4x4 or 3x4, got shape {list(a.shape)}")
+        raise IntakeError(
+            422, f"{what}: transform matrix must be 4x4 or 3x4, got shape {list(a.shape)}"
+        )
     if not np.isfinite(a).all():
         raise IntakeError(422, f"{what}: transform matrix contains NaN or infinity")
     if a.shape == (4, 4) and np.abs(a[3] - [0, 0, 0, 1]).max() > 1e-4:
-        raise IntakeError(422, f"{what}: transform matrix last row must be [0, 0, 0, 1], got {a[3].tolist()}")
+        raise IntakeError(
+            422, f"{what}: transform matrix last row must be [0, 0, 0, 1], got {a[3].tolist()}"
+        )
     r = a[:3, :3]
     err = np.abs(r.T @ r - np.eye(3)).max()
     if err > RIGID_TOL or np.linalg.det(r) <= 0:
-        raise IntakeError(422, f"{what}: transform matrix is not rigid (rotation part is not orthonormal with "
-                               f"determinant +1; error {err:.3g}); scaled or mirrored cameras are not supported")
+        raise IntakeError(
+            422,
+            f"{what}: transform matrix is not rigid (rotation part is not orthonormal with "
+            f"determinant +1; error {err:.3g}); scaled or mirrored cameras are not supported",
+        )
     u, _, vt = np.linalg.svd(r)
     out = np.eye(4)
     out[:3, :3] = u @ vt
@@ -163,7 +171,10 @@ def _load_json(path: Path, root: Path) -> dict:
 
 # --------------------------------------------------------------------------- parsers
 
-def _parse_transforms(path: Path, root: Path, split: str | None, blender: bool) -> tuple[list[RawFrame], dict]:
+
+def _parse_transforms(
+    path: Path, root: Path, split: str | None, blender: bool
+) -> tuple[list[RawFrame], dict]:
     """Blender and instant-ngp/nerfstudio files share one schema; ngp adds intrinsics keys."""
     data = _load_json(path, root)
     where = str(path.relative_to(root))
@@ -171,9 +182,17 @@ def _parse_transforms(path: Path, root: Path, split: str | None, blender: bool) 
     if not isinstance(frames, list) or not frames:
         raise IntakeError(422, f"{where}: 'frames' must be a non-empty list")
     model = data.get("camera_model")
-    if model is not None and str(model).upper() not in ("OPENCV", "PINHOLE", "SIMPLE_PINHOLE", "SIMPLE_RADIAL"):
-        raise IntakeError(422, f"{where}: camera_model {model!r} is not supported "
-                               "(supported: PINHOLE, SIMPLE_PINHOLE, SIMPLE_RADIAL, OPENCV)")
+    if model is not None and str(model).upper() not in (
+        "OPENCV",
+        "PINHOLE",
+        "SIMPLE_PINHOLE",
+        "SIMPLE_RADIAL",
+    ):
+        raise IntakeError(
+            422,
+            f"{where}: camera_model {model!r} is not supported "
+            "(supported: PINHOLE, SIMPLE_PINHOLE, SIMPLE_RADIAL, OPENCV)",
+        )
     glob = _intrinsics_of(data, where)
     if blender and glob["fov_x"] is None and glob["fx"] is None:
         raise IntakeError(422, f"{where}: camera_angle_x is missing")
@@ -186,13 +205,27 @@ def _parse_transforms(path: Path, root: Path, split: str | None, blender: bool) 
             raise IntakeError(422, f"{what}: transform_matrix is missing")
         c2w = check_rigid(fr["transform_matrix"], what)
         own = _intrinsics_of(fr, what)
-        has_own = any(v is not None for k, v in own.items() if k != "distortion") or bool(own["distortion"])
+        has_own = any(v is not None for k, v in own.items() if k != "distortion") or bool(
+            own["distortion"]
+        )
         merged = {k: (own[k] if own[k] is not None else glob[k]) for k in glob if k != "distortion"}
         dist = {**glob["distortion"], **own["distortion"]}
         image = _resolve_image(path.parent, fr.get("file_path"), root, what)
-        out.append(RawFrame(image=image, name=str(fr.get("file_path")), c2w=c2w, split=split,
-                            own_intrinsics=has_own, distortion=dist, **merged))
-    extras = {"scale": _opt_num(data, "scale", where), "aabb_scale": _opt_num(data, "aabb_scale", where)}
+        out.append(
+            RawFrame(
+                image=image,
+                name=str(fr.get("file_path")),
+                c2w=c2w,
+                split=split,
+                own_intrinsics=has_own,
+                distortion=dist,
+                **merged,
+            )
+        )
+    extras = {
+        "scale": _opt_num(data, "scale", where),
+        "aabb_scale": _opt_num(data, "aabb_scale", where),
+    }
     off = data.get("offset")
     if off is not None:
         if not (isinstance(off, list) and len(off) == 3):
@@ -208,11 +241,17 @@ def _parse_transforms(path: Path, root: Path, split: str | None, blender: bool) 
 
 def _intrinsics_of(d: dict, what: str) -> dict:
     r = {
-        "fx": _opt_num(d, "fl_x", what), "fy": _opt_num(d, "fl_y", what),
-        "cx": _opt_num(d, "cx", what), "cy": _opt_num(d, "cy", what),
-        "fov_x": _opt_num(d, "camera_angle_x", what), "fov_y": _opt_num(d, "camera_angle_y", what),
-        "w": None, "h": None,
-        "distortion": {k: _num(d[k], f"{what}: {k}") for k in DISTORTION_KEYS if d.get(k) is not None},
+        "fx": _opt_num(d, "fl_x", what),
+        "fy": _opt_num(d, "fl_y", what),
+        "cx": _opt_num(d, "cx", what),
+        "cy": _opt_num(d, "cy", what),
+        "fov_x": _opt_num(d, "camera_angle_x", what),
+        "fov_y": _opt_num(d, "camera_angle_y", what),
+        "w": None,
+        "h": None,
+        "distortion": {
+            k: _num(d[k], f"{what}: {k}") for k in DISTORTION_KEYS if d.get(k) is not None
+        },
     }
     for key in ("w", "h"):
         if d.get(key) is not None:
@@ -222,7 +261,9 @@ def _intrinsics_of(d: dict, what: str) -> dict:
             r[key] = int(v)
     for key in ("fov_x", "fov_y"):
         if r[key] is not None and not 0 < r[key] < math.pi:
-            raise IntakeError(422, f"{what}: camera_angle_{key[-1]} must be between 0 and pi radians")
+            raise IntakeError(
+                422, f"{what}: camera_angle_{key[-1]} must be between 0 and pi radians"
+            )
     for key in ("fx", "fy"):
         if r[key] is not None and r[key] <= 0:
             raise IntakeError(422, f"{what}: fl_{key[-1]} must be positive")
@@ -240,11 +281,13 @@ def _colmap_lines(path: Path, root: Path) -> list[str]:
 
 def qvec_to_rotmat(q: np.ndarray) -> np.ndarray:
     w, x, y, z = q
-    return np.array([
-        [1 - 2 * y * y - 2 * z * z, 2 * x * y - 2 * w * z, 2 * x * z + 2 * w * y],
-        [2 * x * y + 2 * w * z, 1 - 2 * x * x - 2 * z * z, 2 * y * z - 2 * w * x],
-        [2 * x * z - 2 * w * y, 2 * y * z + 2 * w * x, 1 - 2 * x * x - 2 * y * y],
-    ])
+    return np.array(
+        [
+            [1 - 2 * y * y - 2 * z * z, 2 * x * y - 2 * w * z, 2 * x * z + 2 * w * y],
+            [2 * x * y + 2 * w * z, 1 - 2 * x * x - 2 * z * z, 2 * y * z - 2 * w * x],
+            [2 * x * z - 2 * w * y, 2 * y * z + 2 * w * x, 1 - 2 * x * x - 2 * y * y],
+        ]
+    )
 
 
 def _parse_colmap(txt_dir: Path, root: Path) -> list[RawFrame]:
@@ -260,25 +303,40 @@ def _parse_colmap(txt_dir: Path, root: Path) -> list[RawFrame]:
             raise IntakeError(422, f"{what}: expected CAMERA_ID MODEL WIDTH HEIGHT PARAMS...")
         model = tok[1].upper()
         if model not in COLMAP_MODELS:
-            raise IntakeError(422, f"{what}: camera model {tok[1]!r} is not supported "
-                                   f"(supported: {', '.join(COLMAP_MODELS)})")
+            raise IntakeError(
+                422,
+                f"{what}: camera model {tok[1]!r} is not supported "
+                f"(supported: {', '.join(COLMAP_MODELS)})",
+            )
         names = COLMAP_MODELS[model]
         if len(tok) != 4 + len(names):
-            raise IntakeError(422, f"{what}: {model} needs {len(names)} parameters ({' '.join(names)}), "
-                                   f"got {len(tok) - 4}")
+            raise IntakeError(
+                422,
+                f"{what}: {model} needs {len(names)} parameters ({' '.join(names)}), "
+                f"got {len(tok) - 4}",
+            )
         vals = dict(zip(names, (_num(t, what) for t in tok[4:])))
         try:
             cam_id, w, h = int(tok[0]), int(tok[2]), int(tok[3])
         except ValueError:
-            raise IntakeError(422, f"{what}: CAMERA_ID, WIDTH and HEIGHT must be integers") from None
+            raise IntakeError(
+                422, f"{what}: CAMERA_ID, WIDTH and HEIGHT must be integers"
+            ) from None
         if w < 1 or h < 1:
             raise IntakeError(422, f"{what}: width and height must be positive")
         f = vals.pop("f", None)
         fx, fy = (f, f) if f is not None else (vals.pop("fx"), vals.pop("fy"))
         if fx <= 0 or fy <= 0:
             raise IntakeError(422, f"{what}: focal length must be positive")
-        cams[cam_id] = {"fx": fx, "fy": fy, "cx": vals.pop("cx"), "cy": vals.pop("cy"), "w": w, "h": h,
-                        "distortion": {k: v for k, v in vals.items() if v != 0.0}}
+        cams[cam_id] = {
+            "fx": fx,
+            "fy": fy,
+            "cx": vals.pop("cx"),
+            "cy": vals.pop("cy"),
+            "w": w,
+            "h": h,
+            "distortion": {k: v for k, v in vals.items() if v != 0.0},
+        }
     if not cams:
         raise IntakeError(422, "cameras.txt lists no cameras")
 
@@ -311,12 +369,26 @@ def _parse_colmap(txt_dir: Path, root: Path) -> list[RawFrame]:
         c2w_cv[:3, 3] = -r.T @ t
         name = " ".join(tok[9:])
         image = _find_colmap_image(txt_dir, root, name, what)
-        frames.append(RawFrame(image=image, name=name, c2w=c2w_cv @ OPENCV_TO_OPENGL, own_intrinsics=True,
-                               fx=cam["fx"], fy=cam["fy"], cx=cam["cx"], cy=cam["cy"], w=cam["w"], h=cam["h"],
-                               distortion=dict(cam["distortion"])))
+        frames.append(
+            RawFrame(
+                image=image,
+                name=name,
+                c2w=c2w_cv @ OPENCV_TO_OPENGL,
+                own_intrinsics=True,
+                fx=cam["fx"],
+                fy=cam["fy"],
+                cx=cam["cx"],
+                cy=cam["cy"],
+                w=cam["w"],
+                h=cam["h"],
+                distortion=dict(cam["distortion"]),
+            )
+        )
     if not frames:
         raise IntakeError(422, "images.txt lists no images")
-    frames.sort(key=lambda f: f.name)  # COLMAP's order is arbitrary; the 8th-image rule needs a stable one
+    frames.sort(
+        key=lambda f: f.name
+    )  # COLMAP's order is arbitrary; the 8th-image rule needs a stable one
     return frames
 
 
@@ -332,8 +404,11 @@ def _find_colmap_image(txt_dir: Path, root: Path, name: str, what: str) -> Path:
         if d == root or d.parent == d:
             break
         d = d.parent
-    raise IntakeError(422, f"{what}: image {name!r} is missing from the upload (looked in images/ next to "
-                           "the model and in its parent folders)")
+    raise IntakeError(
+        422,
+        f"{what}: image {name!r} is missing from the upload (looked in images/ next to "
+        "the model and in its parent folders)",
+    )
 
 
 def _visible(p: Path, root: Path) -> bool:
@@ -369,13 +444,20 @@ def parse_dataset(root: Path) -> Parsed:
     if images_txt is not None and (images_txt.parent / "cameras.txt").is_file():
         return Parsed(_parse_colmap(images_txt.parent, root), "colmap")
     if _shallowest(root, "images.bin") is not None:
-        raise IntakeError(422, "binary COLMAP models are not supported; convert with "
-                               "`colmap model_converter --output_type TXT` and upload cameras.txt + images.txt")
-    raise IntakeError(422, "no camera poses found: expected transforms_train.json (Blender), transforms.json "
-                           "(instant-ngp / nerfstudio) or cameras.txt + images.txt (COLMAP)")
+        raise IntakeError(
+            422,
+            "binary COLMAP models are not supported; convert with "
+            "`colmap model_converter --output_type TXT` and upload cameras.txt + images.txt",
+        )
+    raise IntakeError(
+        422,
+        "no camera poses found: expected transforms_train.json (Blender), transforms.json "
+        "(instant-ngp / nerfstudio) or cameras.txt + images.txt (COLMAP)",
+    )
 
 
 # --------------------------------------------------------------------------- images and intrinsics
+
 
 @dataclass
 class ImageInfo:
@@ -401,16 +483,23 @@ def inspect_image(path: Path, name: str, max_pixels: int) -> ImageInfo:
             with Image.open(path) as im:
                 fmt, (w, h), mode, info = im.format, im.size, im.mode, dict(im.info)
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError):
-        raise IntakeError(422, f"image {name!r} is unreadable (not a PNG, JPEG or WebP file)") from None
+        raise IntakeError(
+            422, f"image {name!r} is unreadable (not a PNG, JPEG or WebP file)"
+        ) from None
     if fmt not in FORMATS:
         raise IntakeError(422, f"image {name!r} is {fmt}; only PNG, JPEG and WebP are supported")
     if w < 1 or h < 1:
         raise IntakeError(422, f"image {name!r} has no pixels")
     if w * h > max_pixels:
-        raise IntakeError(422, f"image {name!r} is {w}x{h} = {w * h} pixels, over the limit of {max_pixels} "
-                               "(MAX_IMAGE_PIXELS)")
+        raise IntakeError(
+            422,
+            f"image {name!r} is {w}x{h} = {w * h} pixels, over the limit of {max_pixels} "
+            "(MAX_IMAGE_PIXELS)",
+        )
     if mode not in ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "CMYK", "YCbCr", "La", "RGBa"):
-        raise IntakeError(422, f"image {name!r} has pixel mode {mode}; use 8-bit RGB(A) or grayscale")
+        raise IntakeError(
+            422, f"image {name!r} has pixel mode {mode}; use 8-bit RGB(A) or grayscale"
+        )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -433,8 +522,11 @@ def resolve_intrinsics(f: RawFrame, img: ImageInfo) -> dict[str, float]:
     if f.w is not None and f.h is not None and (f.w, f.h) != (img.w, img.h):
         sx, sy = img.w / f.w, img.h / f.h
         if abs(sx / sy - 1) > 0.01:
-            raise IntakeError(422, f"image {f.name!r} is {img.w}x{img.h} but its camera says {f.w}x{f.h} "
-                                   "(not a uniform rescale)")
+            raise IntakeError(
+                422,
+                f"image {f.name!r} is {img.w}x{img.h} but its camera says {f.w}x{f.h} "
+                "(not a uniform rescale)",
+            )
     fx = f.fx * sx if f.fx is not None else None
     fy = f.fy * sy if f.fy is not None else None
     if fx is None and f.fov_x is not None:
@@ -451,6 +543,7 @@ def resolve_intrinsics(f: RawFrame, img: ImageInfo) -> dict[str, float]:
 
 # --------------------------------------------------------------------------- normalisation
 
+
 def focus_point(c2ws: np.ndarray) -> np.ndarray:
     """Least-squares point closest to every camera's optical axis, or None when they do not converge."""
     centres, fwd = c2ws[:, :3, 3], -c2ws[:, :3, 2]
@@ -466,12 +559,15 @@ def focus_point(c2ws: np.ndarray) -> np.ndarray:
     return p
 
 
-def compute_normalization(c2ws: np.ndarray, tan_half_fov: np.ndarray, parsed: Parsed,
-                          aabb_override: float | None) -> tuple[float, np.ndarray, float]:
+def compute_normalization(
+    c2ws: np.ndarray, tan_half_fov: np.ndarray, parsed: Parsed, aabb_override: float | None
+) -> tuple[float, np.ndarray, float]:
     """(scale, offset, aabb half size); see the module docstring for the rule."""
     if parsed.ngp_scale is not None or parsed.ngp_offset is not None:
         s = parsed.ngp_scale if parsed.ngp_scale is not None else NGP_DEFAULT_SCALE
-        o = np.array(parsed.ngp_offset if parsed.ngp_offset is not None else [NGP_DEFAULT_OFFSET] * 3)
+        o = np.array(
+            parsed.ngp_offset if parsed.ngp_offset is not None else [NGP_DEFAULT_OFFSET] * 3
+        )
         scale, offset = 2.0 * s, (0.5 - o) / s
     else:
         centres = c2ws[:, :3, 3]
@@ -512,6 +608,7 @@ def normalize_c2w(c2w: np.ndarray, scale: float, offset: np.ndarray) -> np.ndarr
 
 # --------------------------------------------------------------------------- entry point
 
+
 def _setting(settings, name: str, default):
     v = getattr(settings, name, None)
     return default if v is None else v
@@ -526,13 +623,19 @@ def build_dataset(root: Path, out_dir: Path, cfg: NerfConfig, settings) -> dict:
     total = sum(i.w * i.h for i in infos)
     cap = int(_setting(settings, "max_dataset_pixels", DEFAULT_MAX_DATASET_PIXELS))
     if total > cap:
-        raise IntakeError(422, f"the images hold {total} pixels in all, over the limit of {cap} "
-                               "(MAX_DATASET_PIXELS)")
+        raise IntakeError(
+            422,
+            f"the images hold {total} pixels in all, over the limit of {cap} (MAX_DATASET_PIXELS)",
+        )
     sizes = {(i.w, i.h) for f, i in zip(frames, infos) if not f.own_intrinsics}
     if len(sizes) > 1:
-        raise IntakeError(422, "images have different sizes (" + ", ".join(f"{w}x{h}" for w, h in sorted(sizes))
-                          + ") but the cameras share one set of intrinsics; give per-frame intrinsics "
-                            "(fl_x, fl_y, cx, cy, w, h) or resize the images")
+        raise IntakeError(
+            422,
+            "images have different sizes ("
+            + ", ".join(f"{w}x{h}" for w, h in sorted(sizes))
+            + ") but the cameras share one set of intrinsics; give per-frame intrinsics "
+            "(fl_x, fl_y, cx, cy, w, h) or resize the images",
+        )
     intr = [resolve_intrinsics(f, i) for f, i in zip(frames, infos)]
 
     unsplit = [f for f in frames if f.split is None]
@@ -541,13 +644,20 @@ def build_dataset(root: Path, out_dir: Path, cfg: NerfConfig, settings) -> dict:
     n_train = sum(f.split == "train" for f in frames)
     n_test = sum(f.split == "test" for f in frames)
     if n_train < MIN_TRAIN_VIEWS or n_test < 1:
-        raise IntakeError(422, f"too few images: {n_train} for training and {n_test} for testing; at least "
-                               f"{MIN_TRAIN_VIEWS} training images and 1 test image are needed")
+        raise IntakeError(
+            422,
+            f"too few images: {n_train} for training and {n_test} for testing; at least "
+            f"{MIN_TRAIN_VIEWS} training images and 1 test image are needed",
+        )
 
     c2ws = np.stack([f.c2w for f in frames])
-    tan_half = np.array([max(0.5 * i.w / k["fx"], 0.5 * i.h / k["fy"]) for i, k in zip(infos, intr)])
+    tan_half = np.array(
+        [max(0.5 * i.w / k["fx"], 0.5 * i.h / k["fy"]) for i, k in zip(infos, intr)]
+    )
     train_mask = np.array([f.split == "train" for f in frames])
-    scale, offset, half = compute_normalization(c2ws[train_mask], tan_half[train_mask], parsed, cfg.aabb_scale)
+    scale, offset, half = compute_normalization(
+        c2ws[train_mask], tan_half[train_mask], parsed, cfg.aabb_scale
+    )
     up = world_up(c2ws[train_mask])
 
     images_dir = out_dir / "images"
@@ -559,9 +669,15 @@ def build_dataset(root: Path, out_dir: Path, cfg: NerfConfig, settings) -> dict:
             rel = f"images/{idx:04d}{FORMATS[info.fmt]}"
             os.replace(f.image, out_dir / rel)  # same file system: a rename, no copy
             placed[f.image] = rel
-        entry = {"file": placed[f.image], "source": f.name,
-                 "c2w": normalize_c2w(f.c2w, scale, offset).tolist(),
-                 **k, "w": info.w, "h": info.h, "split": f.split}
+        entry = {
+            "file": placed[f.image],
+            "source": f.name,
+            "c2w": normalize_c2w(f.c2w, scale, offset).tolist(),
+            **k,
+            "w": info.w,
+            "h": info.h,
+            "split": f.split,
+        }
         if f.distortion:
             entry["distortion"] = {key: f.distortion.get(key, 0.0) for key in DISTORTION_KEYS}
         out_frames.append(entry)
@@ -582,12 +698,15 @@ def parse_config(config: dict[str, Any] | None) -> NerfConfig:
     try:
         return NerfConfig.model_validate(config or {})
     except ValidationError as exc:
-        msg = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors())
+        msg = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()
+        )
         raise IntakeError(422, f"invalid nerf config: {msg}") from None
 
 
-def validate_upload(src_path: Path, filename: str, config: dict[str, Any] | None, job_dir: Path,
-                    settings) -> tuple[dict[str, Any], dict[str, Any]]:
+def validate_upload(
+    src_path: Path, filename: str, config: dict[str, Any] | None, job_dir: Path, settings
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Validate an uploaded archive and write `job_dir/dataset/` in normal form.
 
     Returns (effective config, dataset summary). Raises IntakeError; on error nothing is left but
@@ -616,7 +735,9 @@ def validate_upload(src_path: Path, filename: str, config: dict[str, Any] | None
     summary = {
         "filename": filename,
         "source_format": meta["source_format"],
-        "n_train": splits.count("train"), "n_test": splits.count("test"), "n_val": splits.count("val"),
+        "n_train": splits.count("train"),
+        "n_test": splits.count("test"),
+        "n_val": splits.count("val"),
         "sizes": sorted({f"{f['w']}x{f['h']}" for f in meta["frames"]}),
         "has_alpha": meta["has_alpha"],
         "normalization": meta["normalization"],

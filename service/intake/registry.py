@@ -1,5 +1,5 @@
-"""Job kinds known to the API, resolved lazily: a kind whose modules are not importable (yet)
-is simply unknown, so kinds can land independently."""
+"""Job kinds known to the API: `api_schemas.kinds` lists them with their config models; each
+kind's intake is `service.intake.<kind>`, imported on first use."""
 
 from __future__ import annotations
 
@@ -10,14 +10,11 @@ from types import ModuleType
 
 from pydantic import BaseModel
 
+from api_schemas.kinds import CONFIG_MODELS
+
 log = logging.getLogger(__name__)
 
-# kind -> (intake module, "module:ConfigClass")
-KINDS: dict[str, tuple[str, str]] = {
-    "image": ("service.intake.image", "api_schemas.image:ImageConfig"),
-    "nerf": ("service.intake.nerf", "api_schemas.nerf:NerfConfig"),
-    "splat": ("service.intake.splat", "api_schemas.splat:SplatConfig"),
-}
+KINDS: dict[str, type[BaseModel]] = {kind.value: model for kind, model in CONFIG_MODELS.items()}
 
 
 @dataclass(frozen=True)
@@ -27,19 +24,13 @@ class KindSpec:
     config_model: type[BaseModel]
 
 
-def _load_attr(ref: str):
-    mod_name, attr = ref.split(":")
-    return getattr(importlib.import_module(mod_name), attr)
-
-
 def get_kind(kind: str) -> KindSpec | None:
-    entry = KINDS.get(kind)
-    if entry is None:
+    config_model = KINDS.get(kind)
+    if config_model is None:
         return None
-    intake_name, config_ref = entry
+    intake_name = f"service.intake.{kind}"
     try:
         intake = importlib.import_module(intake_name)
-        config_model = _load_attr(config_ref)
         if not hasattr(intake, "validate_upload"):
             raise AttributeError(f"{intake_name} has no validate_upload")
     except (ImportError, AttributeError) as exc:

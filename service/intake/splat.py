@@ -27,7 +27,9 @@ def parse_config(config: dict[str, Any] | None) -> SplatConfig:
     try:
         return SplatConfig.model_validate(config or {})
     except ValidationError as exc:
-        msg = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors())
+        msg = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()
+        )
         raise IntakeError(422, f"invalid splat config: {msg}") from None
 
 
@@ -44,17 +46,22 @@ def count_points3d(path: Path) -> int:
                 xyz = [float(v) for v in parts[1:4]]
                 rgb = [int(v) for v in parts[4:7]]
             except ValueError:
-                raise IntakeError(422, f"points3D.txt line {ln}: expected POINT3D_ID X Y Z R G B ...") from None
+                raise IntakeError(
+                    422, f"points3D.txt line {ln}: expected POINT3D_ID X Y Z R G B ..."
+                ) from None
             if len(xyz) != 3 or len(rgb) != 3 or not all(abs(v) < 1e30 for v in xyz):
-                raise IntakeError(422, f"points3D.txt line {ln}: expected POINT3D_ID X Y Z R G B ...")
+                raise IntakeError(
+                    422, f"points3D.txt line {ln}: expected POINT3D_ID X Y Z R G B ..."
+                )
             n += 1
             if n > MAX_POINTS:
                 raise IntakeError(413, f"points3D.txt has more than {MAX_POINTS} points")
     return n
 
 
-def validate_upload(src_path: Path, filename: str, config: dict[str, Any] | None, job_dir: Path,
-                    settings) -> tuple[dict[str, Any], dict[str, Any]]:
+def validate_upload(
+    src_path: Path, filename: str, config: dict[str, Any] | None, job_dir: Path, settings
+) -> tuple[dict[str, Any], dict[str, Any]]:
     cfg = parse_config(config)
     job_dir = Path(job_dir).resolve()
     work = job_dir / "upload" / "extracted"
@@ -68,13 +75,21 @@ def validate_upload(src_path: Path, filename: str, config: dict[str, Any] | None
             raise IntakeError(422, "the uploaded file is empty")
         extract_archive(Path(src_path), work, limits_from_settings(settings))
         partial.mkdir(parents=True)
-        meta = nerf_intake.build_dataset(work, partial, NerfConfig(aabb_scale=cfg.aabb_scale), settings)
-        images_txt = nerf_intake._shallowest(work, "images.txt") if meta["source_format"] == "colmap" else None
+        meta = nerf_intake.build_dataset(
+            work, partial, NerfConfig(aabb_scale=cfg.aabb_scale), settings
+        )
+        images_txt = (
+            nerf_intake._shallowest(work, "images.txt")
+            if meta["source_format"] == "colmap"
+            else None
+        )
         if images_txt is not None and (images_txt.parent / "points3D.txt").is_file():
             n_points = count_points3d(images_txt.parent / "points3D.txt")
             shutil.copyfile(images_txt.parent / "points3D.txt", partial / "points3D.txt")
         if cfg.init == "points3d" and n_points == 0:
-            raise IntakeError(422, "init=points3d needs a COLMAP upload with a non-empty points3D.txt")
+            raise IntakeError(
+                422, "init=points3d needs a COLMAP upload with a non-empty points3D.txt"
+            )
         if final.exists():
             shutil.rmtree(final)
         os.replace(partial, final)
@@ -85,7 +100,9 @@ def validate_upload(src_path: Path, filename: str, config: dict[str, Any] | None
     summary = {
         "filename": filename,
         "source_format": meta["source_format"],
-        "n_train": splits.count("train"), "n_test": splits.count("test"), "n_val": splits.count("val"),
+        "n_train": splits.count("train"),
+        "n_test": splits.count("test"),
+        "n_val": splits.count("val"),
         "sizes": sorted({f"{f['w']}x{f['h']}" for f in meta["frames"]}),
         "has_alpha": meta["has_alpha"],
         "normalization": meta["normalization"],

@@ -15,4 +15,3 @@ def cpu_ext():
     from kernels import _ext
 
     return _ext.load_cpu()
-

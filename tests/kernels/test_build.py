@@ -16,7 +16,9 @@ def run_py(code_or_args, env_extra, tmp_path):
 
 
 def test_missing_compiler_is_named(tmp_path):
-    r = run_py(["-c", "import kernels._ext as e; e.load_cpu()"], {"CXX": "no-such-cxx-1234"}, tmp_path)
+    r = run_py(
+        ["-c", "import kernels._ext as e; e.load_cpu()"], {"CXX": "no-such-cxx-1234"}, tmp_path
+    )
     assert r.returncode != 0
     assert "KernelBuildError" in r.stderr and "no-such-cxx-1234" in r.stderr
 
@@ -38,7 +40,7 @@ def test_compile_error_is_reported(tmp_path, monkeypatch):
     bad.mkdir()
     for name in _ext.CPU_SOURCES + _ext.CUDA_SOURCES + _ext.HEADERS:
         (bad / name).write_text((_ext.CSRC / name).read_text())
-    (bad / "cpu_ops.cpp").write_text("#include \"does_not_exist.h\"\n")
+    (bad / "cpu_ops.cpp").write_text('#include "does_not_exist.h"\n')
     monkeypatch.setattr(_ext, "CSRC", bad)
     monkeypatch.setattr(_ext, "_loaded", {})
     monkeypatch.setenv("KERNELS_BUILD_DIR", str(tmp_path / "build"))
@@ -49,8 +51,14 @@ def test_compile_error_is_reported(tmp_path, monkeypatch):
 def test_build_entry_point(cpu_ext):
     # Uses the real cache, so this is a load plus a smoke call of every op.
     env = {k: v for k, v in os.environ.items() if k != "KERNELS_BUILD_DIR"}
-    r = subprocess.run([sys.executable, "-m", "kernels.build"], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "kernels.build"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     lines = [json.loads(line) for line in r.stdout.splitlines()]
     cpu = next(x for x in lines if x["backend"] == "cpu")

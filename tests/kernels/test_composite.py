@@ -14,7 +14,6 @@ def packed(n_rays=64, max_per_ray=40, dtype=torch.float32, sigma_scale=3.0, seed
     counts[0] = 0  # a ray without samples
     ri = torch.repeat_interleave(torch.arange(n_rays), counts)
     dt = torch.rand(ri.numel(), dtype=dtype) * 0.05 + 1e-3
-    ends = torch.zeros_like(dt)
     t = torch.cumsum(dt, 0)
     # restart t per ray at 0.1
     off = kernels.ray_offsets(ri, n_rays)
@@ -53,8 +52,15 @@ def test_gradcheck(cpu_ext):
 
 def test_no_samples_gives_background(cpu_ext):
     empty = torch.zeros(0)
-    rgb, depth, opacity = kernels.composite(empty.requires_grad_(), torch.zeros(0, 3), empty, empty,
-                                            torch.zeros(0, dtype=torch.long), 4, background=0.25)
+    rgb, depth, opacity = kernels.composite(
+        empty.requires_grad_(),
+        torch.zeros(0, 3),
+        empty,
+        empty,
+        torch.zeros(0, dtype=torch.long),
+        4,
+        background=0.25,
+    )
     assert_close(rgb, torch.full((4, 3), 0.25))
     assert_close(depth, torch.zeros(4))
     assert_close(opacity, torch.zeros(4))

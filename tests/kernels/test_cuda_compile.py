@@ -4,7 +4,6 @@ and the torch binding as far as the CPU wheel's headers allow."""
 import os
 import shutil
 import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 
@@ -20,8 +19,18 @@ CU_FILES = sorted(s for s in _ext.CUDA_SOURCES if s.endswith(".cu"))
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("source", CU_FILES)
 def test_nvcc_compiles(tmp_path, source, arch):
-    cmd = [NVCC, "-c", f"-arch={arch}", "-std=c++17", "--fmad=false", "-O3", f"-I{_ext.CSRC}",
-           str(_ext.CSRC / source), "-o", str(tmp_path / "out.o")]
+    cmd = [
+        NVCC,
+        "-c",
+        f"-arch={arch}",
+        "-std=c++17",
+        "--fmad=false",
+        "-O3",
+        f"-I{_ext.CSRC}",
+        str(_ext.CSRC / source),
+        "-o",
+        str(tmp_path / "out.o"),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out.o").stat().st_size > 0
@@ -51,7 +60,13 @@ def test_cuda_binding_parses(tmp_path):
     includes += [f"-isystem{p}" for p in cpp.include_paths()]
     includes += [f"-isystem{sysconfig.get_paths()['include']}", f"-isystem{_cuda_include()}"]
     cxx = os.environ.get("CXX", "c++")
-    cmd = [cxx, "-fsyntax-only", "-std=c++20", "-DTORCH_EXTENSION_NAME=kernels_cuda_check", *includes,
-           str(_ext.CSRC / "cuda_binding.cpp")]
+    cmd = [
+        cxx,
+        "-fsyntax-only",
+        "-std=c++20",
+        "-DTORCH_EXTENSION_NAME=kernels_cuda_check",
+        *includes,
+        str(_ext.CSRC / "cuda_binding.cpp"),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]

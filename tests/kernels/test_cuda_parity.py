@@ -5,7 +5,9 @@ import torch
 
 import kernels
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (CPU-only torch or no GPU)")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device (CPU-only torch or no GPU)"
+)
 DEV = "cuda"
 
 
@@ -52,7 +54,9 @@ def test_composite(dtype):
     for a, b in zip(outs, refs):
         close(a, b)
     ws = [torch.randn_like(o) for o in outs]
-    for a, b in zip(torch.autograd.grad(outs, [sig, rgb], ws), torch.autograd.grad(refs, [sig, rgb], ws)):
+    for a, b in zip(
+        torch.autograd.grad(outs, [sig, rgb], ws), torch.autograd.grad(refs, [sig, rgb], ws)
+    ):
         close(a, b)
 
 
@@ -77,7 +81,9 @@ def test_march(cone):
     gen = torch.Generator().manual_seed(0)
     o = torch.randn(2000, 3, generator=gen)
     o = (3 * o / o.norm(dim=-1, keepdim=True)).to(DEV)
-    d = torch.nn.functional.normalize(-o + 0.7 * torch.randn(2000, 3, generator=gen).to(DEV), dim=-1)
+    d = torch.nn.functional.normalize(
+        -o + 0.7 * torch.randn(2000, 3, generator=gen).to(DEV), dim=-1
+    )
     kw = dict(render_step_size=0.01, cone_angle=cone, max_samples=400)
     a = kernels.march_rays(o, d, g, **kw)
     b = kernels.march_rays(o, d, g, backend="reference", **kw)

@@ -10,7 +10,9 @@ def assert_close(a, b, rtol=1e-4, atol=1e-6):
     torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
 
 
-def make_grid(d=3, dtype=torch.float32, log2=14, finest=512, features=2, levels=16, init=1.0, seed=0):
+def make_grid(
+    d=3, dtype=torch.float32, log2=14, finest=512, features=2, levels=16, init=1.0, seed=0
+):
     torch.manual_seed(seed)
     g = kernels.HashGrid(d, levels, features, log2, 16, finest_resolution=finest, dtype=dtype)
     with torch.no_grad():
@@ -42,7 +44,13 @@ def test_gradcheck_small(cpu_ext):
     meta = (g.scales, g.resolution, g.offsets, g.hashed)
     fn = kernels.hash_grid._HashGridFn.apply
     base = g.params.detach().clone()
-    touched = torch.autograd.grad(g(x, backend="reference").sum(), g.params)[0].abs().sum(1).nonzero().squeeze(1)
+    touched = (
+        torch.autograd.grad(g(x, backend="reference").sum(), g.params)[0]
+        .abs()
+        .sum(1)
+        .nonzero()
+        .squeeze(1)
+    )
     rows = touched[torch.randperm(touched.numel())[:24]]
     assert g.hashed[(rows[:, None] >= g.offsets[1:]).sum(1)].any(), "include hashed-level rows"
 
@@ -115,8 +123,16 @@ def test_layout_and_defaults():
     assert g.params.abs().max() <= 1e-4 and g.params.abs().max() > 0
 
 
-@pytest.mark.parametrize("kwargs", [dict(n_input_dims=4), dict(log2_hashmap_size=13), dict(log2_hashmap_size=25),
-                                    dict(n_features_per_level=3), dict(backend="cuda-magic")])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(n_input_dims=4),
+        dict(log2_hashmap_size=13),
+        dict(log2_hashmap_size=25),
+        dict(n_features_per_level=3),
+        dict(backend="cuda-magic"),
+    ],
+)
 def test_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         kernels.HashGrid(**{"log2_hashmap_size": 14, **kwargs})

@@ -33,7 +33,9 @@ def test_matches_reference(cpu_ext, cone, stratified):
     o, d = camera_rays()
     kw = dict(render_step_size=0.01, cone_angle=cone, stratified=stratified, max_samples=300)
     a = kernels.march_rays(o, d, g, generator=torch.Generator().manual_seed(5), **kw)
-    b = kernels.march_rays(o, d, g, generator=torch.Generator().manual_seed(5), backend="reference", **kw)
+    b = kernels.march_rays(
+        o, d, g, generator=torch.Generator().manual_seed(5), backend="reference", **kw
+    )
     assert a.n_samples > 1000
     assert_same(a, b)
 
@@ -68,7 +70,9 @@ def test_rays_that_miss_and_empty_grid(cpu_ext):
     o = torch.tensor([[5.0, 5.0, 5.0], [0.0, 3.0, 0.0], [0.0, 0.0, 3.0]])
     d = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -1.0]])  # away, away, through
     for backend in ("ext", "reference"):
-        s = kernels.march_rays(o, d, aabb=[-1, -1, -1, 1, 1, 1], render_step_size=0.1, backend=backend)
+        s = kernels.march_rays(
+            o, d, aabb=[-1, -1, -1, 1, 1, 1], render_step_size=0.1, backend=backend
+        )
         assert s.counts.tolist() == [0, 0, 20]
     g = kernels.OccupancyGrid([-1, -1, -1, 1, 1, 1], resolution=16)
     g.density.zero_()
@@ -76,8 +80,16 @@ def test_rays_that_miss_and_empty_grid(cpu_ext):
     for backend in ("ext", "reference"):
         s = kernels.march_rays(o, d, g, render_step_size=0.01, backend=backend)
         assert s.n_samples == 0 and s.offsets.tolist() == [0, 0, 0, 0]
-    rgb, depth, opacity = kernels.composite(torch.zeros(0), torch.zeros(0, 3), s.t_starts, s.t_ends, s.ray_indices,
-                                            3, background=1.0, offsets=s.offsets)
+    rgb, depth, opacity = kernels.composite(
+        torch.zeros(0),
+        torch.zeros(0, 3),
+        s.t_starts,
+        s.t_ends,
+        s.ray_indices,
+        3,
+        background=1.0,
+        offsets=s.offsets,
+    )
     assert (rgb == 1).all() and (opacity == 0).all()
 
 

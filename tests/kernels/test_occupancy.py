@@ -6,7 +6,10 @@ import kernels
 
 def blob_density(x):
     # Two blobs: one in cascade 0, one only the second cascade covers.
-    return 50.0 * (x.norm(dim=-1) < 0.5).float() + 20.0 * ((x - torch.tensor([1.5, 0.0, 0.0])).norm(dim=-1) < 0.3).float()
+    return (
+        50.0 * (x.norm(dim=-1) < 0.5).float()
+        + 20.0 * ((x - torch.tensor([1.5, 0.0, 0.0])).norm(dim=-1) < 0.3).float()
+    )
 
 
 def test_morton_roundtrip_and_order():
@@ -16,8 +19,12 @@ def test_morton_roundtrip_and_order():
     assert torch.equal(back, ijk)
     # The 8 children of a 2x2x2 block are consecutive codes.
     base = kernels.morton3d(torch.tensor(6), torch.tensor(2), torch.tensor(4))
-    kids = [int(kernels.morton3d(torch.tensor(6 + a), torch.tensor(2 + b), torch.tensor(4 + c)))
-            for a in (0, 1) for b in (0, 1) for c in (0, 1)]
+    kids = [
+        int(kernels.morton3d(torch.tensor(6 + a), torch.tensor(2 + b), torch.tensor(4 + c)))
+        for a in (0, 1)
+        for b in (0, 1)
+        for c in (0, 1)
+    ]
     assert sorted(kids) == list(range(int(base), int(base) + 8))
 
 
@@ -75,7 +82,9 @@ def test_query_matches_reference_including_boundaries(cpu_ext):
     g.density.copy_((torch.rand_like(g.density) > 0.7).float())
     g.binarize()
     faces = torch.linspace(-2, 2, 33)  # every cell face of both cascades, and the outer boundary
-    grid_pts = torch.stack(torch.meshgrid(faces, faces, faces[::4], indexing="ij"), -1).reshape(-1, 3)
+    grid_pts = torch.stack(torch.meshgrid(faces, faces, faces[::4], indexing="ij"), -1).reshape(
+        -1, 3
+    )
     pts = torch.cat([grid_pts, torch.rand(5000, 3) * 5 - 2.5])
     assert torch.equal(g.is_occupied(pts), g.is_occupied(pts, backend="reference"))
     assert not g.is_occupied(torch.tensor([[2.01, 0.0, 0.0]])).item()
@@ -90,7 +99,9 @@ def test_state_dict_roundtrip():
     assert torch.equal(h.bits, g.bits)
 
 
-@pytest.mark.parametrize("kwargs", [dict(resolution=48), dict(aabb=[0, 0, 0, -1, 1, 1]), dict(n_cascades=0)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(resolution=48), dict(aabb=[0, 0, 0, -1, 1, 1]), dict(n_cascades=0)]
+)
 def test_bad_arguments(kwargs):
     args = {"aabb": [-1, -1, -1, 1, 1, 1], **kwargs}
     with pytest.raises(ValueError):

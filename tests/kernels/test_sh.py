@@ -24,12 +24,14 @@ def test_addition_theorem(cpu_ext):
     d = torch.nn.functional.normalize(torch.randn(200, 3, dtype=torch.float64), dim=-1)
     y = kernels.sh_encode(d, 4)
     for band in range(4):
-        s = (y[:, band * band:(band + 1) ** 2] ** 2).sum(1)
+        s = (y[:, band * band : (band + 1) ** 2] ** 2).sum(1)
         assert_close(s, torch.full_like(s, (2 * band + 1) / (4 * math.pi)))
 
 
 def test_gradcheck(cpu_ext):
-    d = torch.nn.functional.normalize(torch.randn(8, 3, dtype=torch.float64), dim=-1).requires_grad_(True)
+    d = torch.nn.functional.normalize(
+        torch.randn(8, 3, dtype=torch.float64), dim=-1
+    ).requires_grad_(True)
     assert torch.autograd.gradcheck(lambda x: kernels.sh_encode(x, 4), (d,))
 
 

@@ -39,13 +39,18 @@ def run(method, params, depths, height, width, weights, bg=0.3):
 
 
 @pytest.mark.parametrize("method", ["naive", "tiled"])
-@pytest.mark.parametrize("dtype,fwd_tol,grad_rtol", [(torch.float32, 2e-3, 1e-3), (torch.float64, 1e-10, 1e-8)])
+@pytest.mark.parametrize(
+    "dtype,fwd_tol,grad_rtol", [(torch.float32, 2e-3, 1e-3), (torch.float64, 1e-10, 1e-8)]
+)
 @pytest.mark.parametrize("size", [(37, 50), (64, 64)])  # one size not a multiple of the tile
 def test_matches_reference(splat_ext, method, dtype, fwd_tol, grad_rtol, size):
     h, w = size
     *params, depths = random_splats(300, w, h, dtype)
     gen = torch.Generator().manual_seed(1)
-    weights = (torch.randn(h, w, 3, generator=gen, dtype=dtype), torch.randn(h, w, generator=gen, dtype=dtype))
+    weights = (
+        torch.randn(h, w, 3, generator=gen, dtype=dtype),
+        torch.randn(h, w, generator=gen, dtype=dtype),
+    )
     rgb_r, t_r, g_r = run("reference", params, depths, h, w, weights)
     rgb, t, g = run(method, params, depths, h, w, weights)
     assert (rgb - rgb_r).abs().max() < fwd_tol
@@ -86,14 +91,24 @@ def test_gradcheck(splat_ext, method):
 
     # The backward sums per-splat gradients over pixels from several threads, so the float64 sum
     # order (and its last bits) varies between runs: allow that, far below the check's atol.
-    assert torch.autograd.gradcheck(f, params, eps=1e-6, atol=1e-5, fast_mode=True, nondet_tol=1e-12)
+    assert torch.autograd.gradcheck(
+        f, params, eps=1e-6, atol=1e-5, fast_mode=True, nondet_tol=1e-12
+    )
 
 
 @pytest.mark.parametrize("method", splat.METHODS)
 def test_no_splats_gives_background(splat_ext, method):
     z = torch.zeros(0, requires_grad=True)
-    rgb, trans = splat.rasterize(torch.zeros(0, 2), torch.zeros(0, 3), torch.zeros(0, 3), z, 20, 30,
-                                 background=torch.tensor([0.1, 0.2, 0.3]), method=method)
+    rgb, trans = splat.rasterize(
+        torch.zeros(0, 2),
+        torch.zeros(0, 3),
+        torch.zeros(0, 3),
+        z,
+        20,
+        30,
+        background=torch.tensor([0.1, 0.2, 0.3]),
+        method=method,
+    )
     assert rgb.shape == (20, 30, 3) and (trans == 1).all()
     torch.testing.assert_close(rgb, torch.tensor([0.1, 0.2, 0.3]).expand(20, 30, 3))
 
@@ -106,7 +121,9 @@ def test_early_stop_and_alpha_clamp(splat_ext, method):
     conics = torch.tensor([[0.01, 0.0, 0.01]] * 4, requires_grad=True)
     gauss = torch.exp(torch.tensor(-0.5 * 0.01 * 0.5))
     opac = torch.tensor([5.0, float(0.98 / gauss), 5.0, 5.0], requires_grad=True)
-    colors = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 1.0, 1.0]], requires_grad=True)
+    colors = torch.tensor(
+        [[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 1.0, 1.0]], requires_grad=True
+    )
     rgb, trans = splat.rasterize(means, conics, colors, opac, 8, 8, method=method)
     expected = torch.tensor([0.99, 0.01 * 0.98, 0.01 * 0.02 * 0.99])
     torch.testing.assert_close(rgb[3, 3], expected, rtol=1e-4, atol=1e-7)
@@ -122,8 +139,9 @@ def test_faint_splats_below_alpha_min_are_skipped(splat_ext):
     means = torch.tensor([[5.0, 5.0]])
     conics = torch.tensor([[0.1, 0.0, 0.1]])
     for method in splat.METHODS:
-        rgb, trans = splat.rasterize(means, conics, torch.ones(1, 3), torch.tensor([0.9 / 255]), 10, 10,
-                                     method=method)
+        rgb, trans = splat.rasterize(
+            means, conics, torch.ones(1, 3), torch.tensor([0.9 / 255]), 10, 10, method=method
+        )
         assert (rgb == 0).all() and (trans == 1).all()
 
 
@@ -134,26 +152,40 @@ def test_tile_bins_are_depth_ordered_and_cover_the_footprint():
     off, ids = splat.tile_bins(m, c, o, h, w)
     assert off.numel() == 4 * 3 + 1 and off[-1] == ids.numel()
     for t in range(12):
-        run_ids = ids[off[t]:off[t + 1]]
+        run_ids = ids[off[t] : off[t + 1]]
         assert (run_ids[1:] > run_ids[:-1]).all()  # input order kept within a tile
     # every pixel a splat reaches with alpha >= alpha_min lies in one of its tiles
     ys, xs = torch.meshgrid(torch.arange(h) + 0.5, torch.arange(w) + 0.5, indexing="ij")
     for i in range(50):
         dx, dy = xs - m[i, 0], ys - m[i, 1]
         alpha = o[i] * torch.exp(-0.5 * (c[i, 0] * dx * dx + c[i, 2] * dy * dy) - c[i, 1] * dx * dy)
-        tiles = {int(t) for t in ((ys[alpha >= splat.ALPHA_MIN] // 16) * 4 + xs[alpha >= splat.ALPHA_MIN] // 16)}
-        listed = {t for t in range(12) if (ids[off[t]:off[t + 1]] == i).any()}
+        tiles = {
+            int(t)
+            for t in ((ys[alpha >= splat.ALPHA_MIN] // 16) * 4 + xs[alpha >= splat.ALPHA_MIN] // 16)
+        }
+        listed = {t for t in range(12) if (ids[off[t] : off[t + 1]] == i).any()}
         assert tiles <= listed
 
 
 def test_bad_inputs_are_rejected():
     with pytest.raises(ValueError):
-        splat.rasterize(torch.zeros(3, 2), torch.zeros(3, 3), torch.zeros(3, 3), torch.zeros(2), 4, 4)
+        splat.rasterize(
+            torch.zeros(3, 2), torch.zeros(3, 3), torch.zeros(3, 3), torch.zeros(2), 4, 4
+        )
     with pytest.raises(ValueError):
-        splat.rasterize(torch.zeros(0, 2), torch.zeros(0, 3), torch.zeros(0, 3), torch.zeros(0), 4, 4, method="x")
+        splat.rasterize(
+            torch.zeros(0, 2),
+            torch.zeros(0, 3),
+            torch.zeros(0, 3),
+            torch.zeros(0),
+            4,
+            4,
+            method="x",
+        )
 
 
 # ---------------------------------------------------------------------------------- projection
+
 
 def test_projection_matches_pinhole_and_ewa():
     from worker.cameras import look_at, project_points
@@ -161,7 +193,7 @@ def test_projection_matches_pinhole_and_ewa():
     c2w = look_at([0.3, -2.5, 0.8], [0.0, 0.0, 0.0], [0.0, 0.0, 1.0])
     fx, fy, cx, cy, w, h = 120.0, 110.0, 64.0, 48.0, 128, 96
     g = torch.Generator().manual_seed(0)
-    means = (torch.rand(40, 3, generator=g, dtype=torch.float64) - 0.5)
+    means = torch.rand(40, 3, generator=g, dtype=torch.float64) - 0.5
     s = 0.01
     cov = torch.eye(3, dtype=torch.float64).expand(40, 3, 3) * s * s
     proj = project_gaussians(means, cov, c2w, fx, fy, cx, cy, w, h)
@@ -173,32 +205,63 @@ def test_projection_matches_pinhole_and_ewa():
     centre = torch.zeros(1, 3, dtype=torch.float64)
     p0 = project_gaussians(centre, cov[:1], c2w, fx, fy, cx, cy, w, h)
     d = float(torch.tensor([0.3, -2.5, 0.8]).norm())
-    torch.testing.assert_close(1 / p0.conics[0, 0], torch.tensor((fx * s / d) ** 2 + 0.3, dtype=torch.float64))
-    torch.testing.assert_close(p0.conics[0, 1], torch.tensor(0.0, dtype=torch.float64), atol=1e-9, rtol=0)
+    torch.testing.assert_close(
+        1 / p0.conics[0, 0], torch.tensor((fx * s / d) ** 2 + 0.3, dtype=torch.float64)
+    )
+    torch.testing.assert_close(
+        p0.conics[0, 1], torch.tensor(0.0, dtype=torch.float64), atol=1e-9, rtol=0
+    )
 
 
 def test_all_behind_camera_renders_background(splat_ext):
     from worker.cameras import look_at
 
     c2w = look_at([0.0, -3.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 1.0])
-    means = torch.tensor([[0.0, -3.5, 0.0], [0.1, -3.02, 0.0]], requires_grad=True)  # behind / inside near
+    means = torch.tensor(
+        [[0.0, -3.5, 0.0], [0.1, -3.02, 0.0]], requires_grad=True
+    )  # behind / inside near
     cov = covariance_3d(torch.full((2, 3), 0.1), torch.tensor([[1.0, 0, 0, 0]] * 2))
     proj = project_gaussians(means, cov, c2w, 50.0, 50.0, 16.0, 16.0, 32, 32)
     assert not proj.visible.any()
     v = proj.visible
-    rgb, trans = splat.rasterize(proj.means2d[v], proj.conics[v], torch.ones(2, 3)[v], torch.ones(2)[v] * 0.9,
-                                 32, 32, background=1.0, depths=proj.depths[v])
+    rgb, trans = splat.rasterize(
+        proj.means2d[v],
+        proj.conics[v],
+        torch.ones(2, 3)[v],
+        torch.ones(2)[v] * 0.9,
+        32,
+        32,
+        background=1.0,
+        depths=proj.depths[v],
+    )
     assert (trans == 1).all() and (rgb == 1).all()
 
 
 # ---------------------------------------------------------------------------------- CUDA build
 
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_cuda_launchers_compile(tmp_path, arch):
     out = tmp_path / f"splat_{arch}.o"
-    res = subprocess.run(["nvcc", "-c", f"-arch={arch}", "-std=c++17", "-O3", "--fmad=false", "-I", str(CSRC),
-                          str(CSRC / "splat.cu"), "-o", str(out)], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            "nvcc",
+            "-c",
+            f"-arch={arch}",
+            "-std=c++17",
+            "-O3",
+            "--fmad=false",
+            "-I",
+            str(CSRC),
+            str(CSRC / "splat.cu"),
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-4000:]
     assert out.stat().st_size > 10_000
 

@@ -1,4 +1,5 @@
-"""Job kinds on the worker side, resolved lazily ("image" -> worker.jobs.image), plus the
+"""Job kinds on the worker side (`api_schemas.kinds` lists them; "image" -> worker.jobs.image,
+imported on first use), plus the
 objects the task layer hands to a kind module.
 
 A kind module exposes:
@@ -15,12 +16,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from api_schemas.jobs import Job
-from service.settings import Settings
-from service.storage import JobPaths
-from service.store import JobStore
-
-KIND_MODULES = {"image": "worker.jobs.image", "nerf": "worker.jobs.nerf"}
+from api_schemas.jobs import Job, JobKind
+from core.settings import Settings
+from core.storage import JobPaths
+from core.store import JobStore
 
 
 class UnknownKind(LookupError):
@@ -41,7 +40,9 @@ class RenderError(Exception):
 
 
 def get_kind_module(kind: str) -> ModuleType:
-    name = KIND_MODULES.get(kind, f"worker.jobs.{kind}")
+    if kind not in {k.value for k in JobKind}:
+        raise UnknownKind(f"no worker support for job kind {kind!r}")
+    name = f"worker.jobs.{kind}"
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
@@ -54,13 +55,15 @@ def get_kind_module(kind: str) -> ModuleType:
 class JobContext:
     """Everything a trainer needs; built by worker.tasks for one nf.train run."""
 
-    job: Job                    # the job as it was when training started (config = effective config)
-    paths: JobPaths             # .dataset, .checkpoints, .artifacts, .root ...
+    job: Job  # the job as it was when training started (config = effective config)
+    paths: JobPaths  # .dataset, .checkpoints, .artifacts, .root ...
     settings: Settings
     store: JobStore
-    progress: Any               # worker.progress.ProgressReporter: progress.report(step, total, loss=, psnr=)
-    checkpoints: Any            # worker.checkpoints.CheckpointManager: due(), save(step, tensors, meta), load_latest()
-    device: Any                 # torch.device chosen for this worker
+    progress: Any  # worker.progress.ProgressReporter: progress.report(step, total, loss=, psnr=)
+    checkpoints: (
+        Any  # worker.checkpoints.CheckpointManager: due(), save(step, tensors, meta), load_latest()
+    )
+    device: Any  # torch.device chosen for this worker
 
     @property
     def config(self) -> dict[str, Any]:
@@ -78,7 +81,7 @@ def pick_device(preference: str | None = None):
     """The torch device for this worker: DEVICE setting if given, else cuda when present."""
     import torch
 
-    from service.settings import get_settings
+    from core.settings import get_settings
 
     preference = preference or get_settings().device
     if preference:

@@ -37,14 +37,21 @@ class FourierFeatures(nn.Module):
         return self.input_dim + 2 * self.num_freqs * self.input_dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x_scaled = x.unsqueeze(-1) * self.freqs                              # (..., D, L)
+        x_scaled = x.unsqueeze(-1) * self.freqs  # (..., D, L)
         feats = torch.stack([torch.sin(x_scaled), torch.cos(x_scaled)], -1)  # (..., D, L, 2)
-        return torch.cat([x, feats.flatten(start_dim=-3)], dim=-1)           # (..., D + 2LD)
+        return torch.cat([x, feats.flatten(start_dim=-3)], dim=-1)  # (..., D + 2LD)
 
 
 class CoordMLP(nn.Module):
-    def __init__(self, input_dim: int = 2, output_dim: int = 3, hidden: int = 128, n_layers: int = 4,
-                 use_pe: bool = True, num_freqs: int = 6):
+    def __init__(
+        self,
+        input_dim: int = 2,
+        output_dim: int = 3,
+        hidden: int = 128,
+        n_layers: int = 4,
+        use_pe: bool = True,
+        num_freqs: int = 6,
+    ):
         super().__init__()
         if use_pe:
             self.encoder: nn.Module = FourierFeatures(input_dim, num_freqs)
@@ -63,8 +70,12 @@ class CoordMLP(nn.Module):
 
 
 def model_from_config(config: dict[str, Any]) -> CoordMLP:
-    return CoordMLP(hidden=config["hidden"], n_layers=config["layers"],
-                    use_pe=config["encoding"] == "fourier", num_freqs=config["num_frequencies"])
+    return CoordMLP(
+        hidden=config["hidden"],
+        n_layers=config["layers"],
+        use_pe=config["encoding"] == "fourier",
+        num_freqs=config["num_frequencies"],
+    )
 
 
 def pixel_grid(width: int, height: int, device=None) -> torch.Tensor:
@@ -99,8 +110,14 @@ def load_target(path: Path, resolution: int) -> np.ndarray:
         return np.asarray(im, dtype=np.float32) / 255.0
 
 
-def fit(target: np.ndarray, config: dict[str, Any], device=None, seed: int = 0, on_step=None,
-        start: dict[str, Any] | None = None) -> tuple[CoordMLP, torch.optim.Optimizer, float]:
+def fit(
+    target: np.ndarray,
+    config: dict[str, Any],
+    device=None,
+    seed: int = 0,
+    on_step=None,
+    start: dict[str, Any] | None = None,
+) -> tuple[CoordMLP, torch.optim.Optimizer, float]:
     """Seed 001's loop: full-batch AdamW on MSE. `on_step(step, model, opt, loss)` may raise to
     stop; `start` resumes from a checkpoint. Returns model, optimizer and the final PSNR."""
     device = device or torch.device("cpu")
@@ -131,7 +148,9 @@ def fit(target: np.ndarray, config: dict[str, Any], device=None, seed: int = 0, 
 
 
 # -- checkpoint (de)serialisation ----------------------------------------------------------
-def _pack(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _pack(
+    model: nn.Module, opt: torch.optim.Optimizer
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
     sd = opt.state_dict()
     for idx, state in sd["state"].items():
@@ -141,14 +160,17 @@ def _pack(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict[str, torch
 
 
 def _unpack(ckpt) -> dict[str, Any]:
-    model_sd = {k[len("model."):]: v for k, v in ckpt.tensors.items() if k.startswith("model.")}
+    model_sd = {k[len("model.") :]: v for k, v in ckpt.tensors.items() if k.startswith("model.")}
     state: dict[int, dict[str, torch.Tensor]] = {}
     for k, v in ckpt.tensors.items():
         if k.startswith("opt."):
             _, idx, key = k.split(".", 2)
             state.setdefault(int(idx), {})[key] = v
-    return {"model": model_sd, "opt": {"state": state, "param_groups": ckpt.meta["opt_param_groups"]},
-            "step": ckpt.step}
+    return {
+        "model": model_sd,
+        "opt": {"state": state, "param_groups": ckpt.meta["opt_param_groups"]},
+        "step": ckpt.step,
+    }
 
 
 # -- kind interface ------------------------------------------------------------------------
@@ -185,8 +207,15 @@ def train(ctx) -> dict[str, Any]:
     model, opt, psnr = fit(target, config, device=ctx.device, on_step=on_step, start=start)
     ctx.checkpoints.save(steps, *_with_meta(_pack(model, opt), {**meta_base, "psnr": psnr}))
     ctx.paths.artifacts.mkdir(parents=True, exist_ok=True)
-    (ctx.paths.artifacts / "reconstruction.png").write_bytes(_encode(_sample(model, w, h, ctx.device), "png"))
-    return {"psnr": psnr, "train_width": w, "train_height": h, "train_s": round(time.monotonic() - t0, 3)}
+    (ctx.paths.artifacts / "reconstruction.png").write_bytes(
+        _encode(_sample(model, w, h, ctx.device), "png")
+    )
+    return {
+        "psnr": psnr,
+        "train_width": w,
+        "train_height": h,
+        "train_s": round(time.monotonic() - t0, 3),
+    }
 
 
 def _with_meta(packed, meta_base):
@@ -200,15 +229,16 @@ def _sample(model: nn.Module, width: int, height: int, device) -> np.ndarray:
     coords = pixel_grid(width, height, device)
     with torch.no_grad():
         for i in range(0, coords.shape[0], RENDER_CHUNK):
-            rgb = model(coords[i:i + RENDER_CHUNK])
-            out[i:i + RENDER_CHUNK] = (rgb * 255.0 + 0.5).clamp(0, 255).to(torch.uint8).cpu()
+            rgb = model(coords[i : i + RENDER_CHUNK])
+            out[i : i + RENDER_CHUNK] = (rgb * 255.0 + 0.5).clamp(0, 255).to(torch.uint8).cpu()
     return out.reshape(height, width, 3).numpy()
 
 
 def _encode(pixels: np.ndarray, fmt: str) -> bytes:
     buf = io.BytesIO()
-    Image.fromarray(pixels, "RGB").save(buf, format="PNG" if fmt == "png" else "JPEG",
-                                        **({"quality": 92} if fmt == "jpeg" else {}))
+    Image.fromarray(pixels, "RGB").save(
+        buf, format="PNG" if fmt == "png" else "JPEG", **({"quality": 92} if fmt == "jpeg" else {})
+    )
     return buf.getvalue()
 
 

@@ -17,7 +17,6 @@ import torch
 from PIL import Image
 
 from worker.cameras import DISTORTION_KEYS, image_rays, rays_from_pixels
-from worker.datasets import composite as composite_background
 
 
 @dataclass
@@ -35,9 +34,21 @@ class Frame:
 
 
 def _frame(d: dict[str, Any]) -> Frame:
-    dist = {k: float(v) for k, v in (d.get("distortion") or {}).items() if k in DISTORTION_KEYS and v}
-    return Frame(d["file"], np.asarray(d["c2w"], dtype=np.float64), float(d["fx"]), float(d["fy"]), float(d["cx"]),
-                 float(d["cy"]), int(d["w"]), int(d["h"]), d.get("split", "train"), dist)
+    dist = {
+        k: float(v) for k, v in (d.get("distortion") or {}).items() if k in DISTORTION_KEYS and v
+    }
+    return Frame(
+        d["file"],
+        np.asarray(d["c2w"], dtype=np.float64),
+        float(d["fx"]),
+        float(d["fy"]),
+        float(d["cx"]),
+        float(d["cy"]),
+        int(d["w"]),
+        int(d["h"]),
+        d.get("split", "train"),
+        dist,
+    )
 
 
 def read_meta(dataset_dir: Path) -> dict[str, Any]:
@@ -71,16 +82,28 @@ class Dataset:
         self.images = [load_image(self.dir / f.file) for f in self.frames]
         for f, im in zip(self.frames, self.images):
             if im.shape[:2] != (f.h, f.w):
-                raise ValueError(f"{f.file} is {im.shape[1]}x{im.shape[0]}, cameras.json says {f.w}x{f.h}")
-        self.has_alpha = bool(self.meta.get("has_alpha")) and any((im[..., 3] < 255).any() for im in self.images)
+                raise ValueError(
+                    f"{f.file} is {im.shape[1]}x{im.shape[0]}, cameras.json says {f.w}x{f.h}"
+                )
+        self.has_alpha = bool(self.meta.get("has_alpha")) and any(
+            (im[..., 3] < 255).any() for im in self.images
+        )
         self.c2w = torch.tensor(np.stack([f.c2w for f in self.frames]), dtype=torch.float32)
-        self.intrinsics = torch.tensor([[f.fx, f.fy, f.cx, f.cy] for f in self.frames], dtype=torch.float32)
+        self.intrinsics = torch.tensor(
+            [[f.fx, f.fy, f.cx, f.cy] for f in self.frames], dtype=torch.float32
+        )
         self.widths = torch.tensor([f.w for f in self.frames], dtype=torch.int64)
         counts = torch.tensor([f.w * f.h for f in self.frames], dtype=torch.int64)
         self.starts = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
         self.pixels = torch.from_numpy(np.concatenate([im.reshape(-1, 4) for im in self.images]))
-        self.distortion = torch.tensor([[f.distortion.get(k, 0.0) for k in DISTORTION_KEYS] for f in self.frames],
-                                       dtype=torch.float32) if any(f.distortion for f in self.frames) else None
+        self.distortion = (
+            torch.tensor(
+                [[f.distortion.get(k, 0.0) for k in DISTORTION_KEYS] for f in self.frames],
+                dtype=torch.float32,
+            )
+            if any(f.distortion for f in self.frames)
+            else None
+        )
 
     def __len__(self) -> int:
         return len(self.frames)

@@ -9,8 +9,13 @@ import numpy as np
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-CONTENT_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp", "gif": "image/gif",
-                 "zip": "application/zip"}
+CONTENT_TYPES = {
+    "png": "image/png",
+    "jpeg": "image/jpeg",
+    "webp": "image/webp",
+    "gif": "image/gif",
+    "zip": "application/zip",
+}
 
 
 def to_uint8(img: np.ndarray) -> np.ndarray:
@@ -45,9 +50,19 @@ def encode_frames(frames: list[np.ndarray], fmt: str, fps: int) -> bytes:
     ims = [Image.fromarray(f, mode) for f in frames]
     duration = max(1, round(1000 / fps))
     if fmt == "webp":
-        ims[0].save(buf, format="WEBP", save_all=True, append_images=ims[1:], duration=duration, loop=0, quality=90)
+        ims[0].save(
+            buf,
+            format="WEBP",
+            save_all=True,
+            append_images=ims[1:],
+            duration=duration,
+            loop=0,
+            quality=90,
+        )
     elif fmt == "gif":
-        ims[0].save(buf, format="GIF", save_all=True, append_images=ims[1:], duration=duration, loop=0)
+        ims[0].save(
+            buf, format="GIF", save_all=True, append_images=ims[1:], duration=duration, loop=0
+        )
     else:
         raise ValueError(f"unknown animation format {fmt!r}")
     return buf.getvalue()

@@ -25,10 +25,16 @@ def render_frame(trainer, data: Dataset, i: int) -> np.ndarray:
     f = data.frames[i]
     o, d = data.frame_rays(i)
     dev = trainer.device
-    rgb, _, _, _ = render_image(trainer.field, trainer.grid, o.to(dev), d.to(dev),
-                                trainer.eval_background, step=trainer.step_size,
-                                cone_angle=trainer.config["cone_angle"],
-                                max_samples=trainer.config["max_samples_per_ray"])
+    rgb, _, _, _ = render_image(
+        trainer.field,
+        trainer.grid,
+        o.to(dev),
+        d.to(dev),
+        trainer.eval_background,
+        step=trainer.step_size,
+        cone_angle=trainer.config["cone_angle"],
+        max_samples=trainer.config["max_samples_per_ray"],
+    )
     return rgb.clamp(0, 1).reshape(f.h, f.w, 3).cpu().numpy()
 
 
@@ -57,8 +63,9 @@ def measured_with_kernels(trainer):
         trainer.field.backend, trainer.field.encoding.backend, trainer.grid.backend = saved
 
 
-def evaluate(trainer, data: Dataset, keep: int = 0, limit: int | None = None
-             ) -> tuple[dict[str, float], list[tuple[int, np.ndarray]]]:
+def evaluate(
+    trainer, data: Dataset, keep: int = 0, limit: int | None = None
+) -> tuple[dict[str, float], list[tuple[int, np.ndarray]]]:
     """Mean PSNR/SSIM over the frames of `data` (the first `limit`), plus the first `keep` renders
     (index, HxWx3 float)."""
     trainer.field.eval()
@@ -72,7 +79,11 @@ def evaluate(trainer, data: Dataset, keep: int = 0, limit: int | None = None
         ssims.append(ssim_np(pred, gt))
         if i < keep:
             kept.append((i, pred))
-    return {"test_psnr": float(np.mean(psnrs)), "test_ssim": float(np.mean(ssims)), "n_test": n}, kept
+    return {
+        "test_psnr": float(np.mean(psnrs)),
+        "test_ssim": float(np.mean(ssims)),
+        "n_test": n,
+    }, kept
 
 
 def background_psnr(trainer, data: Dataset) -> float:
@@ -82,5 +93,3 @@ def background_psnr(trainer, data: Dataset) -> float:
         gt = ground_truth(trainer, data, i)
         vals.append(psnr_np(np.broadcast_to(trainer.eval_background.cpu().numpy(), gt.shape), gt))
     return float(np.mean(vals))
-
-

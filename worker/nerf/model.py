@@ -9,7 +9,6 @@ from torch import nn
 
 from kernels import HashGrid, sh_encode
 
-
 DENSITY_SHIFT = 1.0
 
 
@@ -51,12 +50,24 @@ class NerfField(nn.Module):
         self.sh_degree = int(config["sh_degree"])
         self.geo_features = int(config["geo_features"])
         # ngp: the finest level resolves 2048 cells per unit of aabb_scale.
-        self.encoding = HashGrid(3, config["n_levels"], config["features_per_level"], config["log2_hashmap_size"],
-                                 config["base_resolution"], finest_resolution=config["max_resolution"] * self.aabb_half,
-                                 backend=self.backend)
-        self.density_net = _mlp(self.encoding.n_output_dims, config["density_hidden"], config["density_layers"],
-                                1 + self.geo_features)
-        self.color_net = _mlp(self.sh_degree**2 + self.geo_features, config["color_hidden"], config["color_layers"], 3)
+        self.encoding = HashGrid(
+            3,
+            config["n_levels"],
+            config["features_per_level"],
+            config["log2_hashmap_size"],
+            config["base_resolution"],
+            finest_resolution=config["max_resolution"] * self.aabb_half,
+            backend=self.backend,
+        )
+        self.density_net = _mlp(
+            self.encoding.n_output_dims,
+            config["density_hidden"],
+            config["density_layers"],
+            1 + self.geo_features,
+        )
+        self.color_net = _mlp(
+            self.sh_degree**2 + self.geo_features, config["color_hidden"], config["color_layers"], 3
+        )
 
     def _unit(self, x: torch.Tensor) -> torch.Tensor:
         return (x + self.aabb_half) / (2.0 * self.aabb_half)
@@ -80,6 +91,17 @@ class NerfField(nn.Module):
 
     def param_groups(self, weight_decay: float) -> list[dict[str, Any]]:
         """Weight decay on MLP weights only: decaying hash entries would erase rarely seen detail."""
-        mlp_w = [p for n, p in self.named_parameters() if not n.startswith("encoding.") and n.endswith("weight")]
-        rest = [p for n, p in self.named_parameters() if n.startswith("encoding.") or not n.endswith("weight")]
-        return [{"params": rest, "weight_decay": 0.0}, {"params": mlp_w, "weight_decay": weight_decay}]
+        mlp_w = [
+            p
+            for n, p in self.named_parameters()
+            if not n.startswith("encoding.") and n.endswith("weight")
+        ]
+        rest = [
+            p
+            for n, p in self.named_parameters()
+            if n.startswith("encoding.") or not n.endswith("weight")
+        ]
+        return [
+            {"params": rest, "weight_decay": 0.0},
+            {"params": mlp_w, "weight_decay": weight_decay},
+        ]

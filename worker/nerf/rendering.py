@@ -22,9 +22,9 @@ SAMPLE_CHUNK = 1 << 18
 class RenderStats:
     n_rays: int = 0
     marched: int = 0  # samples the grid let through
-    kept: int = 0     # samples that reached the colour network
+    kept: int = 0  # samples that reached the colour network
 
-    def add(self, other: "RenderStats") -> None:
+    def add(self, other: RenderStats) -> None:
         self.n_rays += other.n_rays
         self.marched += other.marched
         self.kept += other.kept
@@ -41,12 +41,20 @@ def _offsets(ray_indices: torch.Tensor, n_rays: int) -> torch.Tensor:
 def _density_chunked(field, pos: torch.Tensor) -> torch.Tensor:
     if pos.shape[0] <= SAMPLE_CHUNK:
         return field.density(pos)
-    return torch.cat([field.density(pos[i:i + SAMPLE_CHUNK]) for i in range(0, pos.shape[0], SAMPLE_CHUNK)])
+    return torch.cat(
+        [field.density(pos[i : i + SAMPLE_CHUNK]) for i in range(0, pos.shape[0], SAMPLE_CHUNK)]
+    )
 
 
 @torch.no_grad()
-def visible(sigma: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, offsets: torch.Tensor,
-            ray_indices: torch.Tensor, alpha_threshold: float = 0.0) -> torch.Tensor:
+def visible(
+    sigma: torch.Tensor,
+    t0: torch.Tensor,
+    t1: torch.Tensor,
+    offsets: torch.Tensor,
+    ray_indices: torch.Tensor,
+    alpha_threshold: float = 0.0,
+) -> torch.Tensor:
     """Mask of samples still seen from the camera (exclusive transmittance >= EARLY_STOP_T)."""
     tau = (sigma * (t1 - t0)).double()
     cs = torch.cumsum(tau, 0)
@@ -59,16 +67,33 @@ def visible(sigma: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, offsets: to
     return keep
 
 
-def render_rays(field, grid: OccupancyGrid, rays_o: torch.Tensor, rays_d: torch.Tensor, background: torch.Tensor,
-                *, step: float, cone_angle: float = 0.0, max_samples: int = 1024, stratified: bool = False,
-                alpha_threshold: float = 0.0):
+def render_rays(
+    field,
+    grid: OccupancyGrid,
+    rays_o: torch.Tensor,
+    rays_d: torch.Tensor,
+    background: torch.Tensor,
+    *,
+    step: float,
+    cone_angle: float = 0.0,
+    max_samples: int = 1024,
+    stratified: bool = False,
+    alpha_threshold: float = 0.0,
+):
     """(rgb (N, 3), depth (N,) along the unit ray (0 where empty), opacity (N,), RenderStats).
 
     Differentiable w.r.t. the field when called with grad enabled.
     """
     n = rays_o.shape[0]
-    s = march_rays(rays_o, rays_d, grid, render_step_size=step, cone_angle=cone_angle, max_samples=max_samples,
-                   stratified=stratified)
+    s = march_rays(
+        rays_o,
+        rays_d,
+        grid,
+        render_step_size=step,
+        cone_angle=cone_angle,
+        max_samples=max_samples,
+        stratified=stratified,
+    )
     ri, t0, t1 = s.ray_indices, s.t_starts, s.t_ends
     marched = int(ri.numel())
     if marched:
@@ -83,23 +108,42 @@ def render_rays(field, grid: OccupancyGrid, rays_o: torch.Tensor, rays_d: torch.
     else:
         sigma = torch.zeros(0, device=rays_o.device)
         rgb = torch.zeros(0, 3, device=rays_o.device)
-    color, depth, opacity = composite(sigma, rgb, t0, t1, ri, n, background, offsets=offsets,
-                                      backend=field.backend)
+    color, depth, opacity = composite(
+        sigma, rgb, t0, t1, ri, n, background, offsets=offsets, backend=field.backend
+    )
     return color, depth, opacity, RenderStats(n, marched, kept)
 
 
 @torch.no_grad()
-def render_image(field, grid, rays_o, rays_d, background, *, step, cone_angle=0.0, max_samples=1024,
-                 chunk: int = 8192):
+def render_image(
+    field,
+    grid,
+    rays_o,
+    rays_d,
+    background,
+    *,
+    step,
+    cone_angle=0.0,
+    max_samples=1024,
+    chunk: int = 8192,
+):
     """Chunked inference: rgb (N, 3), depth (N,) (expected distance of the visible surface, 0 = none),
     opacity (N,), stats. Memory is bounded by the chunk, whatever the image size."""
     rgbs, depths, alphas = [], [], []
     stats = RenderStats()
     per_ray = background.dim() == 2
     for i in range(0, rays_o.shape[0], chunk):
-        bg = background[i:i + chunk] if per_ray else background
-        c, d, a, st = render_rays(field, grid, rays_o[i:i + chunk], rays_d[i:i + chunk], bg, step=step,
-                                  cone_angle=cone_angle, max_samples=max_samples)
+        bg = background[i : i + chunk] if per_ray else background
+        c, d, a, st = render_rays(
+            field,
+            grid,
+            rays_o[i : i + chunk],
+            rays_d[i : i + chunk],
+            bg,
+            step=step,
+            cone_angle=cone_angle,
+            max_samples=max_samples,
+        )
         rgbs.append(c)
         depths.append(torch.where(a > 1e-6, d / a.clamp_min(1e-6), torch.zeros_like(d)))
         alphas.append(a)

@@ -31,9 +31,13 @@ def aabb_half(meta: dict[str, Any], config: dict[str, Any]) -> float:
 class NerfTrainer:
     """`step()` runs one batch; `state()` / `load_state()` pack everything needed to resume."""
 
-    def __init__(self, config: dict[str, Any], meta: dict[str, Any], device=None, data: Dataset | None = None):
+    def __init__(
+        self, config: dict[str, Any], meta: dict[str, Any], device=None, data: Dataset | None = None
+    ):
         if not 1 <= config["sh_degree"] <= 4:
-            raise ValueError(f"sh_degree {config['sh_degree']} is not supported by the SH kernel (1..4)")
+            raise ValueError(
+                f"sh_degree {config['sh_degree']} is not supported by the SH kernel (1..4)"
+            )
         self.config = config
         self.meta = meta
         self.device = torch.device(device or "cpu")
@@ -46,16 +50,28 @@ class NerfTrainer:
         self.field = NerfField(config, self.half, self.backend).to(self.device)
         # Grid densities are optical thickness per render step, so the threshold means
         # "at least this alpha over one step" whatever the step size.
-        self.grid = OccupancyGrid([-self.half] * 3 + [self.half] * 3, resolution=config["occupancy_resolution"],
-                                  step_size=self.step_size, backend=self.backend).to(self.device)
-        self.opt = torch.optim.Adam(self.field.param_groups(config["weight_decay"]), lr=config["lr"],
-                                    betas=tuple(config["adam_betas"]), eps=config["adam_eps"],
-                                    fused=True)
+        self.grid = OccupancyGrid(
+            [-self.half] * 3 + [self.half] * 3,
+            resolution=config["occupancy_resolution"],
+            step_size=self.step_size,
+            backend=self.backend,
+        ).to(self.device)
+        self.opt = torch.optim.Adam(
+            self.field.param_groups(config["weight_decay"]),
+            lr=config["lr"],
+            betas=tuple(config["adam_betas"]),
+            eps=config["adam_eps"],
+            fused=True,
+        )
         self.generator = torch.Generator().manual_seed(config.get("seed", 0))
         self.step = 0
-        self.n_rays = max(MIN_RAYS, min(config["max_rays_per_step"], config["samples_per_step"] // 256))
+        self.n_rays = max(
+            MIN_RAYS, min(config["max_rays_per_step"], config["samples_per_step"] // 256)
+        )
         self.train_s = 0.0  # training time over all runs, so a resumed job keeps its total
-        self.eval_background = torch.tensor(background_rgb(config.get("background")), device=self.device)
+        self.eval_background = torch.tensor(
+            background_rgb(config.get("background")), device=self.device
+        )
         self.last = RenderStats()
         self.curve: list[dict[str, float]] = []  # test PSNR over training time (filled by the job)
         self._warm_up()
@@ -65,7 +81,9 @@ class NerfTrainer:
         if self.backend == "ext":
             with torch.no_grad():
                 x = torch.zeros(8, 3, device=self.device)
-                self.field(x, torch.nn.functional.normalize(torch.ones(8, 3, device=self.device), dim=1))
+                self.field(
+                    x, torch.nn.functional.normalize(torch.ones(8, 3, device=self.device), dim=1)
+                )
                 self.grid.is_occupied(x)
 
     # -- optimisation --------------------------------------------------------------------
@@ -88,10 +106,14 @@ class NerfTrainer:
         return torch.tensor(rgb, device=self.device).expand(n, 3).contiguous()
 
     def _update_grid(self) -> None:
-        self.grid.update_every_n_steps(self.step, self.field.density, n=self.config["occupancy_update_every"],
-                                       warmup_steps=self.config["occupancy_warmup_steps"],
-                                       decay=self.config["occupancy_decay"],
-                                       threshold=self.config["occupancy_threshold"])
+        self.grid.update_every_n_steps(
+            self.step,
+            self.field.density,
+            n=self.config["occupancy_update_every"],
+            warmup_steps=self.config["occupancy_warmup_steps"],
+            decay=self.config["occupancy_decay"],
+            threshold=self.config["occupancy_threshold"],
+        )
 
     def train_step(self) -> dict[str, float]:
         """One batch. Returns loss, psnr, rays, samples (marched and kept) and seconds."""
@@ -105,9 +127,17 @@ class NerfTrainer:
         target = composite_background(rgba, bg)
         for g in self.opt.param_groups:
             g["lr"] = self.lr_at(self.step)
-        rgb, _, _, stats = render_rays(self.field, self.grid, o, d, bg, step=self.step_size,
-                                       cone_angle=self.config["cone_angle"],
-                                       max_samples=self.config["max_samples_per_ray"], stratified=True)
+        rgb, _, _, stats = render_rays(
+            self.field,
+            self.grid,
+            o,
+            d,
+            bg,
+            step=self.step_size,
+            cone_angle=self.config["cone_angle"],
+            max_samples=self.config["max_samples_per_ray"],
+            stratified=True,
+        )
         loss = F.mse_loss(rgb, target)
         self.opt.zero_grad(set_to_none=True)
         if stats.kept:
@@ -118,12 +148,20 @@ class NerfTrainer:
         # Batch sized by samples: rays next step = target / samples per ray now (smoothed).
         per_ray = max(stats.kept / n, 1.0)
         want = self.config["samples_per_step"] / per_ray
-        self.n_rays = int(min(max(0.5 * n + 0.5 * want, MIN_RAYS), self.config["max_rays_per_step"]))
+        self.n_rays = int(
+            min(max(0.5 * n + 0.5 * want, MIN_RAYS), self.config["max_rays_per_step"])
+        )
         dt = time.perf_counter() - t0
         self.train_s += dt
         mse = float(loss.detach())
-        return {"loss": mse, "psnr": psnr(mse), "rays": n, "samples_per_ray": stats.kept / n,
-                "marched_per_ray": stats.marched / n, "seconds": dt}
+        return {
+            "loss": mse,
+            "psnr": psnr(mse),
+            "rays": n,
+            "samples_per_ray": stats.kept / n,
+            "marched_per_ray": stats.marched / n,
+            "seconds": dt,
+        }
 
     # -- checkpoint state ----------------------------------------------------------------
     def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -132,16 +170,28 @@ class NerfTrainer:
         sd = self.opt.state_dict()
         for idx, st in sd["state"].items():
             for key, value in st.items():
-                tensors[f"opt.{idx}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
+                tensors[f"opt.{idx}.{key}"] = (
+                    value if torch.is_tensor(value) else torch.tensor(value)
+                )
         tensors["rng.generator"] = self.generator.get_state()
         tensors["rng.torch"] = torch.get_rng_state()
         meta = {
-            "kind": "nerf", "config": self.config, "step": self.step, "n_rays": self.n_rays,
-            "train_s": round(self.train_s, 3), "curve": self.curve,
-            "aabb_half": self.half, "step_size": self.step_size,
-            "normalization": self.meta.get("normalization", {"scale": 1.0, "offset": [0.0, 0.0, 0.0]}),
-            "grid": {"resolution": self.grid.resolution, "n_cascades": self.grid.n_cascades,
-                     "n_updates": int(self.grid.n_updates)},
+            "kind": "nerf",
+            "config": self.config,
+            "step": self.step,
+            "n_rays": self.n_rays,
+            "train_s": round(self.train_s, 3),
+            "curve": self.curve,
+            "aabb_half": self.half,
+            "step_size": self.step_size,
+            "normalization": self.meta.get(
+                "normalization", {"scale": 1.0, "offset": [0.0, 0.0, 0.0]}
+            ),
+            "grid": {
+                "resolution": self.grid.resolution,
+                "n_cascades": self.grid.n_cascades,
+                "n_updates": int(self.grid.n_updates),
+            },
             "camera": default_camera(self.meta),
             "world_up": self.meta.get("world_up"),
             "opt_param_groups": sd["param_groups"],
@@ -164,7 +214,9 @@ class NerfTrainer:
         self.curve = list(meta.get("curve", []))
 
 
-def load_field_and_grid(field: NerfField, grid: OccupancyGrid, tensors: dict[str, torch.Tensor], device) -> None:
+def load_field_and_grid(
+    field: NerfField, grid: OccupancyGrid, tensors: dict[str, torch.Tensor], device
+) -> None:
     field.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("field.")})
     grid.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("grid.")})
     field.to(device)
@@ -173,9 +225,17 @@ def load_field_and_grid(field: NerfField, grid: OccupancyGrid, tensors: dict[str
 
 def default_camera(meta: dict[str, Any]) -> dict[str, Any]:
     """The first training frame's intrinsics: renders without intrinsics reuse its field of view."""
-    frames = [f for f in meta.get("frames", []) if f.get("split", "train") == "train"] or meta.get("frames", [])
+    frames = [f for f in meta.get("frames", []) if f.get("split", "train") == "train"] or meta.get(
+        "frames", []
+    )
     if not frames:
         return {"w": 100, "h": 100, "fx": 137.4, "fy": 137.4}
     f = frames[0]
-    return {"w": int(f["w"]), "h": int(f["h"]), "fx": float(f["fx"]), "fy": float(f["fy"]),
-            "cx": float(f["cx"]), "cy": float(f["cy"])}
+    return {
+        "w": int(f["w"]),
+        "h": int(f["h"]),
+        "fx": float(f["fx"]),
+        "fy": float(f["fy"]),
+        "cx": float(f["cx"]),
+        "cy": float(f["cy"]),
+    }

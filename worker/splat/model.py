@@ -39,7 +39,7 @@ def knn_scale(points: torch.Tensor, k: int = 3, chunk: int = 2048) -> torch.Tens
     k = min(k, n - 1)
     out = []
     for s in range(0, n, chunk):
-        d = torch.cdist(points[s:s + chunk], points)
+        d = torch.cdist(points[s : s + chunk], points)
         out.append(d.topk(k + 1, largest=False).values[:, 1:].mean(-1))
     return torch.cat(out).clamp(min=1e-4)
 
@@ -69,17 +69,19 @@ class Camera:
 
 @dataclass
 class RenderOut:
-    rgb: torch.Tensor        # (H, W, 3), background included
-    alpha: torch.Tensor      # (H, W) = 1 - transmittance
-    means2d: torch.Tensor    # (M, 2) of the visible splats (retains grad for densification)
-    visible: torch.Tensor    # (M,) indices of those splats
-    radii: torch.Tensor      # (M,) pixel radii
-    depths: torch.Tensor     # (M,)
+    rgb: torch.Tensor  # (H, W, 3), background included
+    alpha: torch.Tensor  # (H, W) = 1 - transmittance
+    means2d: torch.Tensor  # (M, 2) of the visible splats (retains grad for densification)
+    visible: torch.Tensor  # (M,) indices of those splats
+    radii: torch.Tensor  # (M,) pixel radii
+    depths: torch.Tensor  # (M,)
     conics: torch.Tensor
     opacities: torch.Tensor
 
 
-def colors_of(p: dict[str, torch.Tensor], idx: torch.Tensor, cam_center: torch.Tensor, degree: int) -> torch.Tensor:
+def colors_of(
+    p: dict[str, torch.Tensor], idx: torch.Tensor, cam_center: torch.Tensor, degree: int
+) -> torch.Tensor:
     k = n_rest(degree)
     dc = p["sh_dc"][idx]
     if degree == 0:
@@ -90,11 +92,18 @@ def colors_of(p: dict[str, torch.Tensor], idx: torch.Tensor, cam_center: torch.T
     return torch.clamp((basis[:, :, None] * coeffs).sum(1) + 0.5, min=0.0)
 
 
-def render(p: dict[str, torch.Tensor], cam: Camera, background: torch.Tensor, degree: int,
-           method: str = "tiled") -> RenderOut:
+def render(
+    p: dict[str, torch.Tensor],
+    cam: Camera,
+    background: torch.Tensor,
+    degree: int,
+    method: str = "tiled",
+) -> RenderOut:
     c2w = cam.c2w.to(p["means"].device, p["means"].dtype)
     cov = covariance_3d(torch.exp(p["scales"]), p["quats"])
-    proj = project_gaussians(p["means"], cov, c2w, cam.fx, cam.fy, cam.cx, cam.cy, cam.width, cam.height)
+    proj = project_gaussians(
+        p["means"], cov, c2w, cam.fx, cam.fy, cam.cx, cam.cy, cam.width, cam.height
+    )
     with torch.no_grad():
         r = proj.radii
         u, v = proj.means2d[:, 0], proj.means2d[:, 1]
@@ -105,15 +114,36 @@ def render(p: dict[str, torch.Tensor], cam: Camera, background: torch.Tensor, de
         means2d.retain_grad()
     colors = colors_of(p, idx, c2w[:3, 3], degree)
     opac = torch.sigmoid(p["opacities"][idx])
-    rgb, trans = splat.rasterize(means2d, proj.conics[idx], colors, opac, cam.height, cam.width,
-                                 background=background, depths=proj.depths[idx].detach(), method=method)
-    return RenderOut(rgb, 1.0 - trans, means2d, idx, proj.radii[idx], proj.depths[idx], proj.conics[idx], opac)
+    rgb, trans = splat.rasterize(
+        means2d,
+        proj.conics[idx],
+        colors,
+        opac,
+        cam.height,
+        cam.width,
+        background=background,
+        depths=proj.depths[idx].detach(),
+        method=method,
+    )
+    return RenderOut(
+        rgb, 1.0 - trans, means2d, idx, proj.radii[idx], proj.depths[idx], proj.conics[idx], opac
+    )
 
 
-def render_depth(p: dict[str, torch.Tensor], cam: Camera, out: RenderOut, method: str = "tiled") -> torch.Tensor:
+def render_depth(
+    p: dict[str, torch.Tensor], cam: Camera, out: RenderOut, method: str = "tiled"
+) -> torch.Tensor:
     """Expected depth along the view axis (alpha-weighted, divided by alpha; 0 where empty)."""
     z = out.depths.detach()[:, None].expand(-1, 3).contiguous()
-    acc, _ = splat.rasterize(out.means2d.detach(), out.conics.detach(), z, out.opacities.detach(), cam.height,
-                             cam.width, depths=out.depths.detach(), method=method)
+    acc, _ = splat.rasterize(
+        out.means2d.detach(),
+        out.conics.detach(),
+        z,
+        out.opacities.detach(),
+        cam.height,
+        cam.width,
+        depths=out.depths.detach(),
+        method=method,
+    )
     a = out.alpha.detach()
     return torch.where(a > 1e-4, acc[..., 0] / a.clamp(min=1e-4), torch.zeros_like(a))

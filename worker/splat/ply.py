@@ -21,13 +21,24 @@ def ply_bytes(p: dict[str, torch.Tensor], normalization: dict | None = None) -> 
     n = means.shape[0]
     rest = p["sh_rest"].detach().cpu().double()  # (N, K, 3)
     k = rest.shape[1]
-    cols = [means, torch.zeros(n, 3, dtype=torch.float64), p["sh_dc"].detach().cpu().double(),
-            rest.transpose(1, 2).reshape(n, 3 * k), p["opacities"].detach().cpu().double()[:, None], log_scales,
-            p["quats"].detach().cpu().double()]
+    cols = [
+        means,
+        torch.zeros(n, 3, dtype=torch.float64),
+        p["sh_dc"].detach().cpu().double(),
+        rest.transpose(1, 2).reshape(n, 3 * k),
+        p["opacities"].detach().cpu().double()[:, None],
+        log_scales,
+        p["quats"].detach().cpu().double(),
+    ]
     data = torch.cat(cols, 1).numpy().astype("<f4")
-    names = (["x", "y", "z", "nx", "ny", "nz"] + [f"f_dc_{i}" for i in range(3)] +
-             [f"f_rest_{i}" for i in range(3 * k)] + ["opacity"] + [f"scale_{i}" for i in range(3)] +
-             [f"rot_{i}" for i in range(4)])
+    names = (
+        ["x", "y", "z", "nx", "ny", "nz"]
+        + [f"f_dc_{i}" for i in range(3)]
+        + [f"f_rest_{i}" for i in range(3 * k)]
+        + ["opacity"]
+        + [f"scale_{i}" for i in range(3)]
+        + [f"rot_{i}" for i in range(4)]
+    )
     assert data.shape[1] == len(names)
     header = ["ply", "format binary_little_endian 1.0", f"element vertex {n}"]
     header += [f"property float {name}" for name in names] + ["end_header"]

@@ -6,7 +6,9 @@ import torch
 import torch.nn.functional as F
 
 
-def _window(size: int = 11, sigma: float = 1.5, channels: int = 3, dtype=torch.float32, device=None):
+def _window(
+    size: int = 11, sigma: float = 1.5, channels: int = 3, dtype=torch.float32, device=None
+):
     x = torch.arange(size, dtype=dtype, device=device) - size // 2
     g = torch.exp(-x * x / (2 * sigma * sigma))
     g = g / g.sum()
@@ -26,6 +28,6 @@ def ssim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     sxx = blur(x * x) - mx * mx
     syy = blur(y * y) - my * my
     sxy = blur(x * y) - mx * my
-    c1, c2 = 0.01 ** 2, 0.03 ** 2
+    c1, c2 = 0.01**2, 0.03**2
     s = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx * mx + my * my + c1) * (sxx + syy + c2))
     return s.mean()

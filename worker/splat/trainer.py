@@ -32,8 +32,12 @@ def read_points3d(path: Path, normalization: dict) -> tuple[torch.Tensor, torch.
             continue
         xyz.append([float(v) for v in parts[1:4]])
         rgb.append([int(v) for v in parts[4:7]])
-    p = (torch.tensor(xyz, dtype=torch.float64) - torch.tensor(normalization["offset"], dtype=torch.float64))
-    return (p * float(normalization["scale"])).float(), torch.tensor(rgb, dtype=torch.float32) / 255.0
+    p = torch.tensor(xyz, dtype=torch.float64) - torch.tensor(
+        normalization["offset"], dtype=torch.float64
+    )
+    return (p * float(normalization["scale"])).float(), torch.tensor(
+        rgb, dtype=torch.float32
+    ) / 255.0
 
 
 class TrainImages:
@@ -46,10 +50,21 @@ class TrainImages:
             s = 1.0 if not width or width >= f.w else width / f.w
             w, h = max(1, round(f.w * s)), max(1, round(f.h * s))
             if (w, h) != (f.w, f.h):
-                img = F.interpolate(img.permute(2, 0, 1)[None], size=(h, w), mode="area")[0].permute(1, 2, 0)
+                img = F.interpolate(img.permute(2, 0, 1)[None], size=(h, w), mode="area")[
+                    0
+                ].permute(1, 2, 0)
             sx, sy = w / f.w, h / f.h
-            self.cams.append(gm.Camera(torch.tensor(f.c2w, dtype=torch.float32), f.fx * sx, f.fy * sy, f.cx * sx,
-                                       f.cy * sy, w, h))
+            self.cams.append(
+                gm.Camera(
+                    torch.tensor(f.c2w, dtype=torch.float32),
+                    f.fx * sx,
+                    f.fy * sy,
+                    f.cx * sx,
+                    f.cy * sy,
+                    w,
+                    h,
+                )
+            )
             self.rgba.append(img.contiguous())
 
     def __len__(self):
@@ -63,8 +78,14 @@ def scene_extent(cams: list[gm.Camera]) -> float:
 
 
 class SplatTrainer:
-    def __init__(self, config: dict[str, Any], meta: dict[str, Any], device, data: Dataset,
-                 dataset_dir: Path | None = None):
+    def __init__(
+        self,
+        config: dict[str, Any],
+        meta: dict[str, Any],
+        device,
+        data: Dataset,
+        dataset_dir: Path | None = None,
+    ):
         self.config, self.meta, self.device = config, meta, device
         self.gen = torch.Generator().manual_seed(int(config["seed"]))
         self.images = TrainImages(data, config.get("train_resolution"))
@@ -83,7 +104,9 @@ class SplatTrainer:
     def _init(self, dataset_dir: Path | None):
         cfg = self.config
         pts_file = None if dataset_dir is None else Path(dataset_dir) / "points3D.txt"
-        use_points = cfg["init"] == "points3d" or (cfg["init"] == "auto" and pts_file is not None and pts_file.is_file())
+        use_points = cfg["init"] == "points3d" or (
+            cfg["init"] == "auto" and pts_file is not None and pts_file.is_file()
+        )
         if use_points:
             pts, cols = read_points3d(pts_file, self.meta["normalization"])
             log.info("splat init: %d COLMAP points", pts.shape[0])
@@ -97,23 +120,32 @@ class SplatTrainer:
 
     def _lrs(self) -> dict[str, float]:
         c = self.config
-        return {"means": c["lr_means"] * self.extent, "scales": c["lr_scales"], "quats": c["lr_quats"],
-                "opacities": c["lr_opacity"], "sh_dc": c["lr_sh_dc"], "sh_rest": c["lr_sh_rest"]}
+        return {
+            "means": c["lr_means"] * self.extent,
+            "scales": c["lr_scales"],
+            "quats": c["lr_quats"],
+            "opacities": c["lr_opacity"],
+            "sh_dc": c["lr_sh_dc"],
+            "sh_rest": c["lr_sh_rest"],
+        }
 
     def _make_optimizer(self, moments: dict[str, torch.Tensor] | None = None):
         for k in gm.NAMES:
             self.params[k] = torch.nn.Parameter(self.params[k].detach().contiguous())
         lrs = self._lrs()
-        self.opt = torch.optim.Adam([{"params": [self.params[k]], "lr": lrs[k], "name": k} for k in gm.NAMES],
-                                    eps=1e-15)
+        self.opt = torch.optim.Adam(
+            [{"params": [self.params[k]], "lr": lrs[k], "name": k} for k in gm.NAMES], eps=1e-15
+        )
         if moments:
             for k in gm.NAMES:
                 if f"m1_{k}" not in moments:
                     continue
                 p = self.params[k]
-                self.opt.state[p] = {"step": moments["adam_step"].clone().float(),
-                                     "exp_avg": moments[f"m1_{k}"].to(self.device),
-                                     "exp_avg_sq": moments[f"m2_{k}"].to(self.device)}
+                self.opt.state[p] = {
+                    "step": moments["adam_step"].clone().float(),
+                    "exp_avg": moments[f"m1_{k}"].to(self.device),
+                    "exp_avg_sq": moments[f"m2_{k}"].to(self.device),
+                }
 
     def _reset_stats(self):
         n = self.params["means"].shape[0]
@@ -138,11 +170,19 @@ class SplatTrainer:
                 t[f"m2_{k}"] = st["exp_avg_sq"].detach().cpu().contiguous()
                 adam_step = float(st["step"])
         t["adam_step"] = torch.tensor(adam_step)
-        meta = {"kind": "splat", "config": self.config, "step": self.step, "train_s": self.train_s,
-                "n_gaussians": self.n, "sh_degree": self.degree, "active_degree": self.active_degree(),
-                "normalization": self.meta["normalization"], "world_up": self.meta.get("world_up"),
-                "extent": self.extent,
-                "camera": _default_camera(self.meta)}
+        meta = {
+            "kind": "splat",
+            "config": self.config,
+            "step": self.step,
+            "train_s": self.train_s,
+            "n_gaussians": self.n,
+            "sh_degree": self.degree,
+            "active_degree": self.active_degree(),
+            "normalization": self.meta["normalization"],
+            "world_up": self.meta.get("world_up"),
+            "extent": self.extent,
+            "camera": _default_camera(self.meta),
+        }
         return t, meta
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
@@ -165,7 +205,10 @@ class SplatTrainer:
     def _set_lr(self):
         c = self.config
         t = min(1.0, self.step / max(1, c["steps"]))
-        lr = math.exp((1 - t) * math.log(c["lr_means"]) + t * math.log(c["lr_means_final"])) * self.extent
+        lr = (
+            math.exp((1 - t) * math.log(c["lr_means"]) + t * math.log(c["lr_means_final"]))
+            * self.extent
+        )
         for g in self.opt.param_groups:
             if g["name"] == "means":
                 g["lr"] = lr
@@ -185,13 +228,20 @@ class SplatTrainer:
         loss.backward()
         with torch.no_grad():
             mse = float(((out.rgb - target) ** 2).mean())
-            if self.step < self.densify_until and out.means2d.grad is not None and out.visible.numel():
+            if (
+                self.step < self.densify_until
+                and out.means2d.grad is not None
+                and out.visible.numel()
+            ):
                 # view-space gradient in NDC units as 3DGS measures it (pixels span 2 / size)
-                g = out.means2d.grad * torch.tensor([cam.width / 2, cam.height / 2], device=self.device)
+                g = out.means2d.grad * torch.tensor(
+                    [cam.width / 2, cam.height / 2], device=self.device
+                )
                 self.grad_accum.index_add_(0, out.visible, g.norm(dim=-1))
                 self.grad_count.index_add_(0, out.visible, torch.ones_like(out.radii))
-                self.max_radii[out.visible] = torch.maximum(self.max_radii[out.visible],
-                                                            out.radii / max(cam.width, cam.height))
+                self.max_radii[out.visible] = torch.maximum(
+                    self.max_radii[out.visible], out.radii / max(cam.width, cam.height)
+                )
         self.opt.step()
         self.step += 1
         if self.step < self.densify_until:
@@ -200,8 +250,12 @@ class SplatTrainer:
             if self.step % c["opacity_reset_every"] == 0:
                 self.reset_opacity()
         self.train_s += time.perf_counter() - t0
-        return {"loss": float(loss.detach()), "psnr": -10 * math.log10(max(mse, 1e-10)), "n_gaussians": self.n,
-                "seconds": time.perf_counter() - t0}
+        return {
+            "loss": float(loss.detach()),
+            "psnr": -10 * math.log10(max(mse, 1e-10)),
+            "n_gaussians": self.n,
+            "seconds": time.perf_counter() - t0,
+        }
 
     # -- densification ------------------------------------------------------------------------
     def _edit(self, keep: torch.Tensor | None, extra: dict[str, torch.Tensor] | None):
@@ -241,7 +295,9 @@ class SplatTrainer:
             if split.numel():
                 scales = torch.exp(p["scales"][split]).repeat(2, 1)
                 rot = quat_to_rotmat(p["quats"][split]).repeat(2, 1, 1)
-                offs = (rot @ (torch.randn(scales.shape, device=self.device) * scales)[..., None])[..., 0]
+                offs = (rot @ (torch.randn(scales.shape, device=self.device) * scales)[..., None])[
+                    ..., 0
+                ]
                 new = {k: p[k][split].repeat(2, *([1] * (p[k].dim() - 1))) for k in gm.NAMES}
                 new["means"] = new["means"] + offs
                 new["scales"] = torch.log(scales / 1.6)
@@ -250,13 +306,18 @@ class SplatTrainer:
             keep = torch.ones(n_old, dtype=torch.bool, device=self.device)
             keep[split] = False
             self._edit(keep, extra)
-            self.max_radii = torch.cat([self.max_radii[keep], torch.zeros(self.n - int(keep.sum()), device=self.device)])
+            self.max_radii = torch.cat(
+                [self.max_radii[keep], torch.zeros(self.n - int(keep.sum()), device=self.device)]
+            )
             # prune
             op = torch.sigmoid(self.params["opacities"].detach())
             prune = op < c["prune_opacity"]
             if self.step > c["opacity_reset_every"]:
                 prune |= self.max_radii > c["prune_screen_size"]
-                prune |= torch.exp(self.params["scales"].detach()).max(-1).values > c["prune_world_size"] * self.extent
+                prune |= (
+                    torch.exp(self.params["scales"].detach()).max(-1).values
+                    > c["prune_world_size"] * self.extent
+                )
             if prune.all():
                 prune[0] = False
             self._edit(~prune, None)
@@ -264,7 +325,10 @@ class SplatTrainer:
 
     def reset_opacity(self):
         with torch.no_grad():
-            capped = torch.minimum(self.params["opacities"].detach(), gm.inverse_sigmoid(torch.tensor(0.01)).to(self.device))
+            capped = torch.minimum(
+                self.params["opacities"].detach(),
+                gm.inverse_sigmoid(torch.tensor(0.01)).to(self.device),
+            )
         for g in self.opt.param_groups:
             if g["name"] == "opacities":
                 old = g["params"][0]

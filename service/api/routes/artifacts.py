@@ -13,15 +13,15 @@ import json
 import mimetypes
 import re
 import struct
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import FileResponse, StreamingResponse
 
+from core.storage import LocalStorage
+from core.store import JobStore
 from service.api.deps import get_storage, get_store, load_job
-from service.storage import LocalStorage
-from service.store import JobStore
 
 router = APIRouter(prefix="/v1/jobs", tags=["files"])
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -32,24 +32,45 @@ CHUNK = 1 << 20
 def _artifact_files(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir() if NAME_RE.match(p.name) and p.is_file() and not p.is_symlink())
+    return sorted(
+        p for p in folder.iterdir() if NAME_RE.match(p.name) and p.is_file() and not p.is_symlink()
+    )
 
 
 @router.get("/{job_id}/artifacts", summary="List the job's artifacts (test renders, animations)")
-def list_artifacts(job_id: str, store: JobStore = Depends(get_store), storage: LocalStorage = Depends(get_storage)):
+def list_artifacts(
+    job_id: str, store: JobStore = Depends(get_store), storage: LocalStorage = Depends(get_storage)
+):
     job = load_job(store, job_id)
     folder = storage.paths(job.id).artifacts
-    return {"items": [{"name": p.name, "size": p.stat().st_size, "url": f"/v1/jobs/{job.id}/artifacts/{p.name}"}
-                      for p in _artifact_files(folder)]}
+    return {
+        "items": [
+            {
+                "name": p.name,
+                "size": p.stat().st_size,
+                "url": f"/v1/jobs/{job.id}/artifacts/{p.name}",
+            }
+            for p in _artifact_files(folder)
+        ]
+    }
 
 
-@router.get("/{job_id}/artifacts/{name}", summary="Download one artifact", response_class=FileResponse)
-def get_artifact(job_id: str, name: str, store: JobStore = Depends(get_store),
-                 storage: LocalStorage = Depends(get_storage)):
+@router.get(
+    "/{job_id}/artifacts/{name}", summary="Download one artifact", response_class=FileResponse
+)
+def get_artifact(
+    job_id: str,
+    name: str,
+    store: JobStore = Depends(get_store),
+    storage: LocalStorage = Depends(get_storage),
+):
     job = load_job(store, job_id)
     if not NAME_RE.match(name) or ".." in name:
-        raise HTTPException(422, "artifact name must be a plain file name (letters, digits, '.', '_', '-'; "
-                                 "no paths, at most 128 characters)")
+        raise HTTPException(
+            422,
+            "artifact name must be a plain file name (letters, digits, '.', '_', '-'; "
+            "no paths, at most 128 characters)",
+        )
     folder = storage.paths(job.id).artifacts
     path = folder / name
     if path.is_symlink() or not path.is_file() or path.resolve().parent != folder.resolve():
@@ -62,7 +83,9 @@ def _candidates(folder: Path) -> list[int]:
     """Steps to offer, best first: the `latest` pointer, then the others newest first."""
     if not folder.is_dir():
         return []
-    steps = sorted((int(m.group(1)) for p in folder.iterdir() if (m := STEP_RE.match(p.name))), reverse=True)
+    steps = sorted(
+        (int(m.group(1)) for p in folder.iterdir() if (m := STEP_RE.match(p.name))), reverse=True
+    )
     try:
         first = int((folder / "latest").read_text().strip())
     except (OSError, ValueError):
@@ -86,7 +109,9 @@ def _with_metadata(tensors, meta_text: str) -> tuple[bytes, int]:
     if not isinstance(header, dict):
         raise ValueError("safetensors header is not an object")
     # Every tensor's bytes must be in the file: a file cut short after the header is torn too.
-    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    end = max(
+        (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0
+    )
     size = tensors.seek(0, 2)
     if size < 8 + n + end:
         raise ValueError("truncated safetensors data")
@@ -97,10 +122,18 @@ def _with_metadata(tensors, meta_text: str) -> tuple[bytes, int]:
     return struct.pack("<Q", len(blob)) + blob, 8 + n
 
 
-@router.get("/{job_id}/checkpoint", summary="Download the latest checkpoint (.safetensors, meta in its header)",
-            response_class=StreamingResponse,
-            responses={200: {"content": {"application/octet-stream": {}}}, 404: {"description": "no checkpoint yet"}})
-def get_checkpoint(job_id: str, store: JobStore = Depends(get_store), storage: LocalStorage = Depends(get_storage)):
+@router.get(
+    "/{job_id}/checkpoint",
+    summary="Download the latest checkpoint (.safetensors, meta in its header)",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {}}},
+        404: {"description": "no checkpoint yet"},
+    },
+)
+def get_checkpoint(
+    job_id: str, store: JobStore = Depends(get_store), storage: LocalStorage = Depends(get_storage)
+):
     job = load_job(store, job_id)
     folder = storage.paths(job.id).checkpoints
     opened = None
@@ -133,6 +166,12 @@ def get_checkpoint(job_id: str, store: JobStore = Depends(get_store), storage: L
         finally:
             fh.close()
 
-    return StreamingResponse(body(), media_type="application/octet-stream", headers={
-        "Content-Disposition": f'attachment; filename="{job.id}-step-{step}.safetensors"',
-        "Content-Length": str(len(header) + size - data_start), "X-Checkpoint-Step": str(step)})
+    return StreamingResponse(
+        body(),
+        media_type="application/octet-stream",
+        headers={
+            "Content-Disposition": f'attachment; filename="{job.id}-step-{step}.safetensors"',
+            "Content-Length": str(len(header) + size - data_start),
+            "X-Checkpoint-Step": str(step),
+        },
+    )

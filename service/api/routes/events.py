@@ -12,14 +12,15 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from core.storage import JobPaths, LocalStorage
 from service.api.deps import get_storage, job_id_param
-from service.storage import JobPaths, LocalStorage
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +81,16 @@ def _read_job(paths: JobPaths) -> dict[str, Any] | None:
 
 
 def _sse(event: str, data: Any, event_id: int | None = None) -> ServerSentEvent:
-    return ServerSentEvent(data=json.dumps(data, default=str), event=event,
-                           id=str(event_id) if event_id is not None else None)
+    return ServerSentEvent(
+        data=json.dumps(data, default=str),
+        event=event,
+        id=str(event_id) if event_id is not None else None,
+    )
 
 
-async def job_events(paths: JobPaths, after: int | None,
-                     poll_s: float = POLL_S) -> AsyncIterator[ServerSentEvent]:
+async def job_events(
+    paths: JobPaths, after: int | None, poll_s: float = POLL_S
+) -> AsyncIterator[ServerSentEvent]:
     """Events with id > `after`, then live ones, then one `end` event with the final job.
 
     A client that goes away is noticed by EventSourceResponse, which cancels this generator.
@@ -115,8 +120,10 @@ async def job_events(paths: JobPaths, after: int | None,
         status = job.get("status")
         if first_pass and stream_status is None and status:
             # Nothing in the file yet (job made by an older writer): say where it stands.
-            yield _sse("status", {"status": status, "error": job.get("error"),
-                                  "metrics": job.get("metrics", {})})
+            yield _sse(
+                "status",
+                {"status": status, "error": job.get("error"), "metrics": job.get("metrics", {})},
+            )
             stream_status = status
             last_emit = time.monotonic()
         first_pass = False
@@ -126,8 +133,14 @@ async def job_events(paths: JobPaths, after: int | None,
             terminal_seen_at = terminal_seen_at or now
             if stream_status == status or now - terminal_seen_at >= TERMINAL_GRACE_S:
                 if stream_status != status:
-                    yield _sse("status", {"status": status, "error": job.get("error"),
-                                          "metrics": job.get("metrics", {})})
+                    yield _sse(
+                        "status",
+                        {
+                            "status": status,
+                            "error": job.get("error"),
+                            "metrics": job.get("metrics", {}),
+                        },
+                    )
                 yield _sse("end", job)
                 return
         elif status == "running" and time.monotonic() - last_emit >= PROGRESS_EVERY_S:
@@ -144,7 +157,9 @@ def _parse_last_event_id(raw: str | None) -> int | None:
     try:
         value = int(raw.strip())
     except ValueError:
-        raise HTTPException(422, detail=f"Last-Event-ID must be an integer event id, got {raw!r}")
+        raise HTTPException(
+            422, detail=f"Last-Event-ID must be an integer event id, got {raw!r}"
+        ) from None
     if value < 0:
         raise HTTPException(422, detail="Last-Event-ID must not be negative")
     return value
@@ -154,24 +169,34 @@ def _parse_last_event_id(raw: str | None) -> int | None:
     "/v1/jobs/{job_id}/events",
     summary="Live job events (Server-Sent Events)",
     response_class=EventSourceResponse,
-    responses={200: {"content": {"text/event-stream": {}},
-                     "description": "`progress` and `status` events with ids, then one `end` "
-                                    "event carrying the final job; the stream then closes."},
-               404: {"description": "unknown job"}},
+    responses={
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "`progress` and `status` events with ids, then one `end` "
+            "event carrying the final job; the stream then closes.",
+        },
+        404: {"description": "unknown job"},
+    },
 )
 async def stream_job_events(
     job_id: str,
     storage: LocalStorage = Depends(get_storage),
     last_event_id_header: str | None = Header(None, alias="Last-Event-ID"),
-    last_event_id: str | None = Query(None, description="same as the Last-Event-ID header "
-                                                        "(for clients that cannot set headers)"),
+    last_event_id: str | None = Query(
+        None, description="same as the Last-Event-ID header (for clients that cannot set headers)"
+    ),
 ):
     paths = storage.paths(job_id_param(job_id))
-    after = _parse_last_event_id(last_event_id_header if last_event_id_header is not None
-                                 else last_event_id)
+    after = _parse_last_event_id(
+        last_event_id_header if last_event_id_header is not None else last_event_id
+    )
     if not paths.job_json.is_file():
         raise HTTPException(404, detail=f"job {job_id} not found")
     # ping keeps proxies from closing the stream while a job waits in the queue;
     # send_timeout drops a client that stopped reading instead of holding its task forever.
-    return EventSourceResponse(job_events(paths, after), ping=10, send_timeout=30,
-                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return EventSourceResponse(
+        job_events(paths, after),
+        ping=10,
+        send_timeout=30,
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

@@ -13,15 +13,23 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
 from api_schemas.jobs import Job, JobKind, JobList, JobStatus
-from service.api.deps import current_key, get_queue, get_settings_dep, get_storage, get_store, job_id_param, load_job
+from core.settings import Settings
+from core.storage import LocalStorage
+from core.store import JobNotFound, JobStore
+from service.api.deps import (
+    current_key,
+    get_queue,
+    get_settings_dep,
+    get_storage,
+    get_store,
+    job_id_param,
+    load_job,
+)
+from service.api.multipart import boundary_of, read_form
 from service.auth import ApiKey, owns, record_owner
 from service.intake import IntakeError
-from service.api.multipart import boundary_of, read_form
 from service.intake.registry import KINDS, available_kinds, get_kind
 from service.queue import TaskQueue
-from service.settings import Settings
-from service.storage import LocalStorage
-from service.store import JobNotFound, JobStore
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -52,38 +60,62 @@ def _parse_config(spec, raw: str | None) -> dict[str, Any]:
 
 
 def _safe_name(filename: str | None) -> str:
-    base = re.sub(r"[^A-Za-z0-9._-]", "_", (filename or "upload").rsplit("/", 1)[-1].rsplit("\\", 1)[-1])
+    base = re.sub(
+        r"[^A-Za-z0-9._-]", "_", (filename or "upload").rsplit("/", 1)[-1].rsplit("\\", 1)[-1]
+    )
     return base.lstrip(".")[:120] or "upload"
 
 
 UPLOAD_BODY = {
     "requestBody": {
         "required": True,
-        "content": {"multipart/form-data": {"schema": {
-            "type": "object",
-            "required": ["kind", "dataset"],
-            "properties": {
-                "kind": {"type": "string", "enum": list(KINDS), "description": "job kind"},
-                "dataset": {"type": "string", "format": "binary",
-                            "description": "image: a PNG or JPEG; nerf: an archive"},
-                "config": {"type": "string", "description": "JSON object; omitted keys take defaults"},
-            },
-        }}},
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["kind", "dataset"],
+                    "properties": {
+                        "kind": {"type": "string", "enum": list(KINDS), "description": "job kind"},
+                        "dataset": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "image: a PNG or JPEG; nerf: an archive",
+                        },
+                        "config": {
+                            "type": "string",
+                            "description": "JSON object; omitted keys take defaults",
+                        },
+                    },
+                }
+            }
+        },
     }
 }
 
 
-def _finish_intake(spec, cfg: dict, upload, job_id: str, paths, store: JobStore, settings: Settings) -> Job:
-    result = spec.intake.validate_upload(upload.path, upload.filename or upload.path.name, cfg, paths.root, settings)
+def _finish_intake(
+    spec, cfg: dict, upload, job_id: str, paths, store: JobStore, settings: Settings
+) -> Job:
+    result = spec.intake.validate_upload(
+        upload.path, upload.filename or upload.path.name, cfg, paths.root, settings
+    )
     effective, info = result if isinstance(result, tuple) else (result, {})
     shutil.rmtree(paths.upload, ignore_errors=True)
     return store.create(job_id, spec.name, effective, info)
 
 
-@router.post("", status_code=202, response_model=Job, summary="Upload a dataset and start training",
-             openapi_extra=UPLOAD_BODY,
-             responses={413: {"description": "over MAX_UPLOAD_MB"}, 415: {"description": "not a supported file"},
-                        422: {"description": "unknown kind, bad config or bad file"}})
+@router.post(
+    "",
+    status_code=202,
+    response_model=Job,
+    summary="Upload a dataset and start training",
+    openapi_extra=UPLOAD_BODY,
+    responses={
+        413: {"description": "over MAX_UPLOAD_MB"},
+        415: {"description": "not a supported file"},
+        422: {"description": "unknown kind, bad config or bad file"},
+    },
+)
 async def create_job(
     request: Request,
     settings: Settings = Depends(get_settings_dep),
@@ -100,19 +132,24 @@ async def create_job(
     try:
         record_owner(paths, key)  # before job.json exists, so the job is never visible ownerless
         paths.upload.mkdir()
-        form = await read_form(request, lambda _field, name: paths.upload / _safe_name(name),
-                               settings.max_upload_bytes)
+        form = await read_form(
+            request, lambda _field, name: paths.upload / _safe_name(name), settings.max_upload_bytes
+        )
         kind = form.fields.get("kind")
         if not kind:
             raise IntakeError(422, "form field `kind` is required")
         spec = get_kind(kind)
         if spec is None:
-            raise IntakeError(422, f"unknown kind {kind!r}; available: {', '.join(available_kinds()) or 'none'}")
+            raise IntakeError(
+                422, f"unknown kind {kind!r}; available: {', '.join(available_kinds()) or 'none'}"
+            )
         cfg = _parse_config(spec, form.fields.get("config"))
         upload = next((f for f in form.files if f.field == "dataset"), None)
         if upload is None:
             raise IntakeError(422, "form field `dataset` (a file) is required")
-        job = await run_in_threadpool(_finish_intake, spec, cfg, upload, job_id, paths, store, settings)
+        job = await run_in_threadpool(
+            _finish_intake, spec, cfg, upload, job_id, paths, store, settings
+        )
     except IntakeError as exc:
         storage.remove_job_dir(job_id)
         raise HTTPException(exc.status_code, exc.detail) from None
@@ -143,7 +180,7 @@ def list_jobs(
 ) -> JobList:
     everything, _ = store.list(limit=1 << 62, offset=0, status=status, kind=kind)
     mine = [j for j in everything if owns(storage.paths(j.id), key)]
-    return JobList(items=mine[offset:offset + limit], total=len(mine), limit=limit, offset=offset)
+    return JobList(items=mine[offset : offset + limit], total=len(mine), limit=limit, offset=offset)
 
 
 @router.get("/{job_id}", response_model=Job, summary="Job status, progress and metrics")
@@ -151,10 +188,18 @@ def get_job(job_id: str, store: JobStore = Depends(get_store)) -> Job:
     return load_job(store, job_id)
 
 
-@router.post("/{job_id}/cancel", response_model=Job, summary="Cancel a queued or running job",
-             responses={409: {"description": "the job has already ended"}})
-def cancel_job(job_id: str, store: JobStore = Depends(get_store), storage: LocalStorage = Depends(get_storage),
-               queue: TaskQueue = Depends(get_queue)) -> Job:
+@router.post(
+    "/{job_id}/cancel",
+    response_model=Job,
+    summary="Cancel a queued or running job",
+    responses={409: {"description": "the job has already ended"}},
+)
+def cancel_job(
+    job_id: str,
+    store: JobStore = Depends(get_store),
+    storage: LocalStorage = Depends(get_storage),
+    queue: TaskQueue = Depends(get_queue),
+) -> Job:
     job = load_job(store, job_id)
     if job.status.terminal:
         raise HTTPException(409, f"job is already {job.status.value}")
@@ -171,9 +216,15 @@ def cancel_job(job_id: str, store: JobStore = Depends(get_store), storage: Local
     return job
 
 
-@router.delete("/{job_id}", status_code=204, summary="Delete a finished job and its files",
-               responses={409: {"description": "the job is still queued or running"}})
-def delete_job(job_id: str, store: JobStore = Depends(get_store), storage: LocalStorage = Depends(get_storage)):
+@router.delete(
+    "/{job_id}",
+    status_code=204,
+    summary="Delete a finished job and its files",
+    responses={409: {"description": "the job is still queued or running"}},
+)
+def delete_job(
+    job_id: str, store: JobStore = Depends(get_store), storage: LocalStorage = Depends(get_storage)
+):
     job = load_job(store, job_id)
     if not job.status.terminal:
         raise HTTPException(409, f"job is {job.status.value}; cancel it first")

@@ -1,0 +1,76 @@
+"""Celery configuration shared by the API (client) and the worker, built from Settings.
+
+REDIS_URL set → Redis broker + result backend. Unset → Celery's filesystem transport under
+DATA_DIR/broker and the file:// result backend under DATA_DIR/results (embedded mode: no
+services needed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.settings import Settings
+
+TRAIN_QUEUE = "train"
+RENDER_QUEUE = "render"
+TASK_TRAIN = "nf.train"
+TASK_RENDER = "nf.render"
+TASK_RENDER_PATH = "nf.render_path"
+
+
+def broker_dirs(settings: Settings) -> dict[str, Any]:
+    root = settings.data_dir.resolve()
+    dirs = {
+        "queue": root / "broker" / "queue",
+        "processed": root / "broker" / "processed",
+        "control": root / "broker" / "control",
+        "results": root / "results",
+    }
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    return dirs
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    conf: dict[str, Any] = {
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "task_routes": {
+            TASK_TRAIN: {"queue": TRAIN_QUEUE},
+            "nf.render*": {"queue": RENDER_QUEUE},
+        },
+        "task_default_queue": TRAIN_QUEUE,
+        # A training survives a worker crash: the message is acked only when the task ends,
+        # and the redelivered task resumes from the latest checkpoint.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        # How long a pool process that died is waited on before its task counts as lost and is
+        # requeued (default 10 s). Train tasks publish no result, so nothing is lost by hurrying.
+        "worker_lost_wait": 2.0,
+        "result_expires": 3600,
+        "broker_connection_retry_on_startup": True,
+        "worker_hijack_root_logger": False,
+        "task_track_started": False,
+    }
+    if settings.redis_url:
+        conf["broker_url"] = settings.redis_url
+        conf["result_backend"] = settings.redis_url
+        conf["broker_transport_options"] = {"visibility_timeout": settings.visibility_timeout_s}
+        conf["result_backend_transport_options"] = {
+            "visibility_timeout": settings.visibility_timeout_s
+        }
+    else:
+        d = broker_dirs(settings)
+        conf["broker_url"] = "filesystem://"
+        conf["broker_transport_options"] = {
+            "data_folder_in": str(d["queue"]),
+            "data_folder_out": str(d["queue"]),
+            "processed_folder": str(d["processed"]),
+            "control_folder": str(d["control"]),
+            "store_processed": False,
+            "polling_interval": settings.broker_polling_interval_s,
+        }
+        conf["result_backend"] = "file://" + str(d["results"])
+    return conf

@@ -1,0 +1,151 @@
+"""Where job files live. `LocalStorage` keeps everything under DATA_DIR; an object-store
+implementation would provide the same methods (see docs/deploy.md)."""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def parse_job_id(job_id: str) -> str:
+    """Canonical UUID string; raises ValueError for anything else, so ids never reach a path raw."""
+    return str(uuid.UUID(str(job_id)))
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    root: Path
+
+    @property
+    def job_json(self) -> Path:
+        return self.root / "job.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".lock"
+
+    @property
+    def cancel(self) -> Path:
+        return self.root / "cancel"
+
+    @property
+    def upload(self) -> Path:
+        return self.root / "upload"
+
+    @property
+    def dataset(self) -> Path:
+        return self.root / "dataset"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "artifacts"
+
+    @property
+    def events(self) -> Path:
+        return self.root / "events.jsonl"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Readers see the old file or the new one, never half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, json.dumps(obj, indent=1, default=str).encode())
+
+
+class Storage(abc.ABC):
+    """Where job folders live. Workers and the API see the same folders (a shared volume in
+    a deployment); an object-store backend would implement these against a bucket and hand
+    out local working copies as JobPaths (docs/deploy.md)."""
+
+    @abc.abstractmethod
+    def ensure(self) -> None: ...
+
+    @abc.abstractmethod
+    def paths(self, job_id: str) -> JobPaths: ...
+
+    @abc.abstractmethod
+    def new_job_dir(self) -> tuple[str, JobPaths]: ...
+
+    @abc.abstractmethod
+    def remove_job_dir(self, job_id: str) -> None: ...
+
+    @abc.abstractmethod
+    def job_ids(self) -> Iterator[str]: ...
+
+    @abc.abstractmethod
+    def writable(self) -> bool: ...
+
+
+class LocalStorage(Storage):
+    """Job folders under `<data_dir>/jobs/<uuid>/`."""
+
+    def __init__(self, data_dir: Path):
+        self.data_dir = Path(data_dir).resolve()
+        self.jobs_dir = self.data_dir / "jobs"
+
+    def ensure(self) -> None:
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+
+    def paths(self, job_id: str) -> JobPaths:
+        return JobPaths(self.jobs_dir / parse_job_id(job_id))
+
+    def new_job_dir(self) -> tuple[str, JobPaths]:
+        self.ensure()
+        job_id = str(uuid.uuid4())
+        paths = self.paths(job_id)
+        paths.root.mkdir()
+        return job_id, paths
+
+    def remove_job_dir(self, job_id: str) -> None:
+        shutil.rmtree(self.paths(job_id).root, ignore_errors=True)
+
+    def job_ids(self) -> Iterator[str]:
+        if not self.jobs_dir.is_dir():
+            return
+        for entry in os.scandir(self.jobs_dir):
+            if entry.is_dir() and os.path.exists(os.path.join(entry.path, "job.json")):
+                try:
+                    yield parse_job_id(entry.name)
+                except ValueError:
+                    continue
+
+    def writable(self) -> bool:
+        try:
+            self.ensure()
+            probe = self.data_dir / f".probe-{uuid.uuid4().hex}"
+            atomic_write_bytes(probe, b"ok")
+            probe.unlink()
+            return True
+        except OSError:
+            return False
+
+
+def get_storage(settings) -> LocalStorage:
+    return LocalStorage(settings.data_dir)

@@ -1,0 +1,186 @@
+"""The compose files: valid for Compose, the topology the service needs, GPU and CPU variants in step."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from tests.support.compose_local import REPO, argv_of, environment_of, load_compose
+
+GPU_FILE = REPO / "docker-compose.yml"
+CPU_FILE = REPO / "docker-compose.cpu.yml"
+WORKERS = ("worker-train", "worker-render")
+
+
+def _gpu_devices(service: dict) -> list[dict]:
+    return (((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get(
+        "devices"
+    ) or []
+
+
+@pytest.mark.parametrize("path", [GPU_FILE, CPU_FILE], ids=["gpu", "cpu"])
+def test_compose_config_validates(path, tmp_path):
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.skip(
+            "docker-compose not installed (scripts/system_deps.sh installs Debian's package)"
+        )
+    # `config` resolves and validates the file against the Compose schema without an engine.
+    r = subprocess.run(
+        [exe, "-f", str(path), "config"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    import yaml
+
+    resolved = yaml.safe_load(r.stdout)
+    assert set(resolved["services"]) == {"redis", "api", *WORKERS}
+
+
+def test_multi_host_overrides_validate(tmp_path):
+    """docker/compose.shared-redis.yml and docker/compose.nfs-data.yml, as docs/deploy.md uses them."""
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.skip(
+            "docker-compose not installed (scripts/system_deps.sh installs Debian's package)"
+        )
+    import yaml
+
+    files = [
+        GPU_FILE,
+        REPO / "docker" / "compose.shared-redis.yml",
+        REPO / "docker" / "compose.nfs-data.yml",
+    ]
+    args = [exe] + [a for f in files for a in ("-f", str(f))] + ["config"]
+    env = {
+        "PATH": os.environ["PATH"],
+        "REDIS_PASSWORD": "s3cret",
+        "NFS_SERVER": "10.0.0.2",
+        "NFS_EXPORT": "/export/nf",
+    }
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    cfg = yaml.safe_load(r.stdout)
+    assert cfg["volumes"]["data"]["driver_opts"]["type"] == "nfs"
+    assert "addr=10.0.0.2" in cfg["volumes"]["data"]["driver_opts"]["o"]
+    assert "s3cret" in cfg["services"]["redis"]["command"]
+    assert any(p["target"] == 6379 for p in cfg["services"]["redis"]["ports"])
+    for name in ("api", *WORKERS):
+        assert cfg["services"][name]["environment"]["REDIS_URL"] == "redis://:s3cret@redis:6379/0"
+        sources = [
+            v["source"] if isinstance(v, dict) else v.split(":")[0]
+            for v in cfg["services"][name]["volumes"]
+        ]
+        assert "data" in sources, name
+
+    # Without the password the override refuses to start an open Redis.
+    env.pop("REDIS_PASSWORD")
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert r.returncode != 0 and "REDIS_PASSWORD" in r.stderr
+
+
+@pytest.mark.parametrize("path", [GPU_FILE, CPU_FILE], ids=["gpu", "cpu"])
+def test_topology(path):
+    services = load_compose(path, env={})["services"]
+
+    redis = argv_of(services["redis"]["command"])
+    assert redis[redis.index("--appendonly") + 1] == "yes"
+    assert services["redis"]["healthcheck"]["test"]
+
+    api = services["api"]
+    assert argv_of(api["command"])[:2] == ["uvicorn", "service.app:app"]
+    assert api["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert "/readyz" in " ".join(api["healthcheck"]["test"])
+    assert any(str(p).endswith(":8000") for p in api["ports"])
+
+    train = argv_of(services["worker-train"]["command"])
+    assert train[train.index("-Q") + 1] == "train"
+    assert train[train.index("-c") + 1] == "1"
+    assert "--prefetch-multiplier=1" in train
+    render = argv_of(services["worker-render"]["command"])
+    assert render[render.index("-Q") + 1] == "render"
+
+    # Everything that keeps state is on the shared `data` volume at DATA_DIR.
+    for name in ("api", *WORKERS):
+        svc = services[name]
+        assert "data:/data" in svc["volumes"], name
+        assert environment_of(svc)["DATA_DIR"] == "/data"
+        assert environment_of(svc)["REDIS_URL"] == "redis://redis:6379/0"
+        assert svc["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+def test_kernel_builds_come_from_the_image():
+    """No volume over KERNELS_BUILD_DIR: it would keep an old build over a new image's (docs/deploy.md)."""
+    for path in (GPU_FILE, CPU_FILE):
+        services = load_compose(path, env={})["services"]
+        for name in WORKERS:
+            build_dir = environment_of(services[name])["KERNELS_BUILD_DIR"]
+            targets = [str(v).split(":")[1] for v in services[name]["volumes"]]
+            assert not any(
+                build_dir == t or build_dir.startswith(t.rstrip("/") + "/") for t in targets
+            ), name
+    # ...and the image builds into the same directory that compose names.
+    assert (
+        "KERNELS_BUILD_DIR=/opt/kernels-build"
+        in (REPO / "docker" / "worker.Dockerfile").read_text()
+    )
+    assert build_dir == "/opt/kernels-build"
+
+
+def test_every_setting_reaches_every_service():
+    """A setting added to core/settings.py must be forwarded by compose, or containers can't set it."""
+    from core.settings import Settings
+
+    # host/port are uvicorn's arguments; the polling interval is the embedded filesystem broker's.
+    not_forwarded = {"host", "port", "broker_polling_interval_s"}
+    wanted = {name.upper() for name in Settings.model_fields} - {n.upper() for n in not_forwarded}
+    for path in (GPU_FILE, CPU_FILE):
+        services = load_compose(path, env={})["services"]
+        for name in ("api", *WORKERS):
+            missing = wanted - set(environment_of(services[name]))
+            assert not missing, f"{path.name}: {name} does not forward {sorted(missing)}"
+
+
+def test_bare_settings_follow_the_host_environment():
+    services = load_compose(GPU_FILE, env={"REDIS_URL": "redis://10.0.0.5:6379/2"})["services"]
+    assert environment_of(services["worker-train"])["REDIS_URL"] == "redis://10.0.0.5:6379/2"
+    assert environment_of(services["api"])["RENDER_TIMEOUT_S"] is None  # bare: passed through
+
+
+def test_gpu_reservations():
+    gpu = load_compose(GPU_FILE, env={})["services"]
+    cpu = load_compose(CPU_FILE, env={})["services"]
+    for name in WORKERS:
+        devices = _gpu_devices(gpu[name])
+        assert (
+            devices and devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+        ), name
+        assert not _gpu_devices(cpu[name]), name
+    # Train replicas see every GPU and nf-gpu-slot gives each its own (see docker/bin/nf-gpu-slot).
+    assert _gpu_devices(gpu["worker-train"])[0]["count"] == "all"
+    assert argv_of(gpu["worker-train"]["command"])[0] == "nf-gpu-slot"
+    for name in ("api", "redis"):
+        assert not _gpu_devices(gpu[name])
+
+
+def test_cpu_file_is_the_gpu_file_without_gpus():
+    """The CPU file is a copy (Compose overrides cannot remove a GPU reservation): keep it one."""
+
+    def strip(services: dict) -> dict:
+        out = copy.deepcopy(services)
+        for name in WORKERS:
+            out[name].pop("deploy", None)
+            out[name]["build"].pop("args", None)
+            out[name].pop("image", None)
+        return out
+
+    gpu = load_compose(GPU_FILE, env={})["services"]
+    cpu = load_compose(CPU_FILE, env={})["services"]
+    assert strip(gpu) == strip(cpu)
+    assert cpu["worker-train"]["build"]["args"]["TORCH_INDEX_URL"].endswith("/cpu")
+    assert "cuda" in gpu["worker-train"]["build"]["args"]["BASE_IMAGE"]
+    assert "cuda" not in cpu["worker-train"]["build"]["args"]["BASE_IMAGE"]
+    assert gpu["worker-train"]["image"] != cpu["worker-train"]["image"]

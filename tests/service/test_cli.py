@@ -1,0 +1,229 @@
+"""`python -m service.cli` as a user runs it (a subprocess) against the real stack."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.support.stack import REPO, TEST_KEY, free_port, png_bytes
+
+TRAIN = {"steps": 300, "resolution": 32}
+
+
+def nf(*args: str, url: str | None, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "NF_URL"}
+    env["NF_API_KEY"] = TEST_KEY
+    if url is not None:
+        env["NF_URL"] = url
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture(scope="module")
+def photo(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "photo.png"
+    path.write_bytes(png_bytes(40, 30))
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(fs_stack, photo):
+    """submit + wait through the CLI: (job id, wait's result)."""
+    sub = nf(
+        "submit",
+        str(photo),
+        "--kind",
+        "image",
+        "--config",
+        json.dumps(TRAIN),
+        url=fs_stack.base_url,
+    )
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip()
+    uuid.UUID(job_id)  # stdout is just the id, for $(nf submit ...)
+    waited = nf("wait", job_id, url=fs_stack.base_url)
+    return job_id, waited
+
+
+def test_submit_and_wait(fs_stack, trained):
+    job_id, waited = trained
+    assert waited.returncode == 0, waited.stderr
+    job = fs_stack.client.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] == "succeeded" and job["config"]["steps"] == TRAIN["steps"]
+    assert f"job {job_id} succeeded" in waited.stdout
+    assert f"psnr={job['metrics']['psnr']:.4g}" in waited.stdout
+    # The progress bar (stderr) reached the last step.
+    assert f"step {TRAIN['steps']}/{TRAIN['steps']}" in waited.stderr, waited.stderr
+
+
+def test_status_and_list(fs_stack, trained):
+    job_id, _ = trained
+    st = nf("status", job_id, "--json", url=fs_stack.base_url)
+    assert st.returncode == 0, st.stderr
+    assert json.loads(st.stdout) == fs_stack.client.get(f"/v1/jobs/{job_id}").json()
+
+    human = nf("status", job_id, url=fs_stack.base_url)
+    assert human.returncode == 0 and "succeeded" in human.stdout and job_id in human.stdout
+
+    listed = nf("--json", "list", "--status", "succeeded", url=fs_stack.base_url)
+    assert listed.returncode == 0, listed.stderr
+    assert job_id in [j["id"] for j in json.loads(listed.stdout)["items"]]
+    table = nf("list", url=fs_stack.base_url)
+    assert table.returncode == 0 and job_id in table.stdout
+
+
+def test_render_matches_the_api(fs_stack, trained, tmp_path):
+    job_id, _ = trained
+    out = tmp_path / "frames" / "frame.png"
+    r = nf(
+        "render",
+        job_id,
+        "--width",
+        "96",
+        "--height",
+        "72",
+        "--out",
+        str(out),
+        url=fs_stack.base_url,
+    )
+    assert r.returncode == 0, r.stderr
+    got = np.asarray(Image.open(out).convert("RGB"), dtype=np.int16)
+    assert got.shape == (72, 96, 3)
+    direct = fs_stack.client.post(f"/v1/jobs/{job_id}/render", json={"width": 96, "height": 72})
+    want = np.asarray(Image.open(io.BytesIO(direct.content)).convert("RGB"), dtype=np.int16)
+    assert np.abs(got - want).max() <= 1
+    assert got.std() > 10  # a picture, not a blank frame
+
+
+def test_camera_requests_pass_validation(fs_stack, trained, tmp_path):
+    """--look-at and --orbit build requests the API accepts; the image kind then says no camera."""
+    job_id, _ = trained
+    out = tmp_path / "view.png"
+    r = nf(
+        "render",
+        job_id,
+        "--look-at",
+        "4,0,2",
+        "0,0,0",
+        "--fov",
+        "40",
+        "--output",
+        "depth",
+        "--out",
+        str(out),
+        url=fs_stack.base_url,
+    )
+    assert r.returncode == 1 and "HTTP 422: image jobs are 2D fields" in r.stderr, r.stderr
+    assert not out.exists()
+    bad = nf(
+        "render", job_id, "--look-at", "1,1,1", "1,1,1", "--out", str(out), url=fs_stack.base_url
+    )
+    assert bad.returncode == 1 and "HTTP 422" in bad.stderr and "same point" in bad.stderr, (
+        bad.stderr
+    )
+    anim = tmp_path / "orbit.webp"
+    p = nf("path", job_id, "--orbit", "4,30,4", "--out", str(anim), url=fs_stack.base_url)
+    # a valid path request: refused by the kind, not by request validation
+    assert p.returncode == 1 and "HTTP 422: image jobs do not support" in p.stderr, p.stderr
+    assert not anim.exists()
+
+
+def test_cancel_and_wait_reports_it(fs_stack, photo):
+    sub = nf(
+        "submit",
+        str(photo),
+        "--config",
+        '{"steps": 200000, "resolution": 32}',
+        url=fs_stack.base_url,
+    )
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip()
+    fs_stack.wait_for(job_id, lambda j: j["status"] == "running", what="running")
+    c = nf("cancel", job_id, url=fs_stack.base_url)
+    assert c.returncode == 0, c.stderr
+    w = nf("wait", job_id, url=fs_stack.base_url, timeout=60)
+    assert w.returncode == 1 and f"job {job_id} cancelled" in w.stdout, (w.stdout, w.stderr)
+    again = nf("cancel", job_id, url=fs_stack.base_url)
+    assert again.returncode == 1 and "HTTP 409" in again.stderr
+
+
+def test_errors_are_one_clear_line(fs_stack, tmp_path):
+    unknown = str(uuid.uuid4())
+    r = nf("status", unknown, url=fs_stack.base_url)
+    assert r.returncode == 1 and r.stderr.startswith("error: HTTP 404") and unknown in r.stderr
+    assert "Traceback" not in r.stderr
+
+    text = tmp_path / "notes.txt"
+    text.write_text("not a photo")
+    r = nf("submit", str(text), url=fs_stack.base_url)
+    assert r.returncode == 1 and r.stderr.startswith("error: HTTP 4"), r.stderr
+    assert len(fs_stack.client.get("/v1/jobs", params={"limit": 500}).json()["items"]) == len(
+        fs_stack.job_dirs()
+    )  # nothing half-made on disk
+
+    r = nf("submit", str(tmp_path / "missing.png"), url=fs_stack.base_url)
+    assert r.returncode == 1 and "is not a file" in r.stderr
+
+    r = nf("submit", str(text), "--config", "{steps: 3", url=fs_stack.base_url)
+    assert r.returncode == 2 and "not valid JSON" in r.stderr  # argparse usage error
+
+    r = nf(
+        "render",
+        unknown,
+        "--look-at",
+        "1,2",
+        "0,0,0",
+        "--out",
+        str(tmp_path / "x.png"),
+        url=fs_stack.base_url,
+    )
+    assert r.returncode == 2 and "three numbers" in r.stderr
+
+    r = nf(
+        "path",
+        unknown,
+        "--orbit",
+        "4,30,12",
+        "--out",
+        str(tmp_path / "orbit.xyz"),
+        url=fs_stack.base_url,
+    )
+    assert r.returncode == 1 and "format" in r.stderr
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    r = nf("--url", dead, "list", url=fs_stack.base_url)  # --url wins over NF_URL
+    assert r.returncode == 1 and "cannot reach" in r.stderr and dead in r.stderr
+
+
+def test_render_before_success_is_refused(fs_stack, photo, tmp_path):
+    sub = nf(
+        "submit",
+        str(photo),
+        "--config",
+        '{"steps": 200000, "resolution": 32}',
+        url=fs_stack.base_url,
+    )
+    job_id = sub.stdout.strip()
+    try:
+        out = tmp_path / "early.png"
+        r = nf("render", job_id, "--out", str(out), url=fs_stack.base_url)
+        assert r.returncode == 1 and "HTTP 409" in r.stderr
+        assert not out.exists()
+    finally:
+        fs_stack.client.post(f"/v1/jobs/{job_id}/cancel")
+        fs_stack.wait_status(job_id, "cancelled", "failed", "succeeded")

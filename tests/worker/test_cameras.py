@@ -1,0 +1,274 @@
+"""Camera math (worker/cameras.py), request camera schemas, and the dataset loader."""
+
+from __future__ import annotations
+
+import io
+import math
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from api_schemas.camera import Camera, Orbit
+from core.settings import Settings
+from experiments import synthetic_scene as S
+from service.intake.nerf import validate_upload
+from worker import cameras as C
+from worker.datasets import load_dataset
+
+RNG = np.random.default_rng(7)
+
+
+def random_camera():
+    eye = RNG.normal(size=3) * 3
+    target = RNG.normal(size=3) * 0.3
+    return C.look_at(eye, target, (0.0, 0.0, 1.0)), eye, target
+
+
+def pinhole_project(p_world, c2w, fx, fy, cx, cy):
+    """Independent projection: invert the pose with numpy, OpenGL -> pixel (rows go down)."""
+    w2c = np.linalg.inv(np.asarray(c2w, dtype=np.float64))
+    x, y, z = w2c[:3, :3] @ p_world + w2c[:3, 3]
+    assert z < 0, "point is behind the camera"
+    return cx + fx * x / -z, cy - fy * y / -z
+
+
+def test_ray_through_a_pixel_centre_hits_the_point_that_projects_there():
+    for _ in range(5):
+        c2w, _, _ = random_camera()
+        w, h, fx, fy, cx, cy = 40, 30, 35.0, 33.0, 19.3, 15.8
+        o, d = C.image_rays(c2w, fx, fy, cx, cy, w, h)
+        for i, j in [(0, 0), (39, 29), (7, 22)]:
+            k = j * w + i  # row-major, top-left first
+            p = (o[k] + 2.7 * d[k]).double().numpy()
+            u, v = pinhole_project(p, c2w, fx, fy, cx, cy)
+            assert (u, v) == pytest.approx((i + 0.5, j + 0.5), abs=1e-4)
+        assert torch.allclose(d.norm(dim=1), torch.ones(w * h), atol=1e-6)
+
+
+def test_look_at_orientation():
+    eye, target, up = (
+        np.array([2.0, -3.0, 1.5]),
+        np.array([0.2, 0.1, -0.3]),
+        np.array([0.0, 0.0, 1.0]),
+    )
+    c2w = C.look_at(eye, target, up)
+    r = c2w[:3, :3].numpy()
+    np.testing.assert_allclose(r.T @ r, np.eye(3), atol=1e-12)
+    assert np.linalg.det(r) == pytest.approx(1.0)
+    w = h = 31  # odd: a pixel centre sits on the axis
+    f = C.focal_from_fov(50, w)
+    o, d = C.image_rays(c2w, f, f, w / 2, h / 2, w, h)
+    centre = d[(h // 2) * w + w // 2].double().numpy()
+    np.testing.assert_allclose(centre, (target - eye) / np.linalg.norm(target - eye), atol=1e-6)
+    # World up appears up in the image (smaller row), the right of the view on the right.
+    fwd = (target - eye) / np.linalg.norm(target - eye)
+    right = np.cross(fwd, up)
+    u, v = pinhole_project(target + 0.2 * up, c2w, f, f, w / 2, h / 2)
+    assert v < h / 2 and u == pytest.approx(w / 2, abs=1e-9)
+    u, v = pinhole_project(target + 0.2 * right, c2w, f, f, w / 2, h / 2)
+    assert u > w / 2 and v == pytest.approx(h / 2, abs=1e-9)
+    # The generator's numpy look_at agrees with the torch one.
+    np.testing.assert_allclose(S.look_at(eye, target, up), c2w.numpy(), atol=1e-12)
+
+
+def test_look_at_refuses_degenerate_views():
+    with pytest.raises(ValueError):
+        C.look_at((1, 1, 1), (1, 1, 1))
+    with pytest.raises(ValueError):
+        C.look_at((0, 0, 3), (0, 0, 0), (0, 0, 1))
+
+
+def test_normalisation_round_trip_and_projection_invariance():
+    norm = {"scale": 0.37, "offset": [1.5, -2.0, 0.25]}
+    c2w, _, _ = random_camera()
+    back = C.denormalize_pose(C.normalize_pose(c2w, norm), norm)
+    assert torch.allclose(back, c2w, atol=1e-12)
+    p = RNG.normal(size=(6, 3)) * 0.3
+    pn = C.normalize_points(p, norm)
+    np.testing.assert_allclose(pn.numpy() / norm["scale"] + norm["offset"], p, atol=1e-12)
+    cn = C.normalize_pose(c2w, norm)
+    for a, b in zip(p, pn.numpy()):
+        assert pinhole_project(a, c2w, 30, 30, 16, 16) == pytest.approx(
+            pinhole_project(b, cn, 30, 30, 16, 16)
+        )
+    # 3x4 in, 4x4 out
+    assert C.normalize_pose(c2w[:3], norm).shape == (4, 4)
+
+
+def test_distortion_inverse():
+    dist = torch.tensor([0.05, -0.01, 0.002, 0.001, -0.0007], dtype=torch.float64)
+    x = torch.linspace(-0.6, 0.6, 25, dtype=torch.float64)
+    y = torch.linspace(0.5, -0.4, 25, dtype=torch.float64)
+    xd, yd = C.distort(x, y, dist)
+    assert (xd - x).abs().max() > 1e-3  # the distortion does something
+    xu, yu = C.undistort(xd, yd, dist)
+    assert torch.allclose(xu, x, atol=1e-7) and torch.allclose(yu, y, atol=1e-7)
+    # A distorted pixel's ray, projected back through the distortion, lands on that pixel.
+    fx, fy, cx, cy = 40.0, 42.0, 20.0, 18.0
+    c2w = torch.eye(4)
+    px, py = torch.tensor([3.5, 30.5, 20.5]), torch.tensor([2.5, 33.5, 10.5])
+    _, d = C.rays_from_pixels(
+        c2w.expand(3, 4, 4),
+        torch.tensor([fx, fy, cx, cy]).expand(3, 4),
+        px,
+        py,
+        dist.float().expand(3, 5),
+    )
+    xn, yn = d[:, 0] / -d[:, 2], -d[:, 1] / -d[:, 2]
+    xd, yd = C.distort(xn.double(), yn.double(), dist)
+    assert torch.allclose(fx * xd + cx, px.double(), atol=1e-3)
+    assert torch.allclose(fy * yd + cy, py.double(), atol=1e-3)
+
+
+def test_orbit_poses():
+    centre, up = np.array([0.3, -0.2, 0.1]), np.array([0.0, 1.0, 0.0])
+    poses = C.orbit_poses(centre, 2.5, 30.0, 12, up)
+    assert poses.shape == (12, 4, 4)
+    eyes = poses[:, :3, 3].numpy()
+    np.testing.assert_allclose(np.linalg.norm(eyes - centre, axis=1), 2.5, atol=1e-9)
+    elev = np.degrees(np.arcsin((eyes - centre) @ up / 2.5))
+    np.testing.assert_allclose(elev, 30.0, atol=1e-9)
+    for m in poses:
+        u, v = pinhole_project(centre, m, 20, 20, 10, 10)
+        assert (u, v) == pytest.approx((10, 10), abs=1e-9)
+    az = np.arctan2(*(eyes - centre)[:, [0, 2]].T[::-1])
+    steps = np.diff(np.unwrap(az))
+    np.testing.assert_allclose(np.abs(steps), 2 * math.pi / 12, atol=1e-9)
+
+
+def test_request_camera_schema_refuses_degenerate_cameras():
+    base = {"width": 8, "height": 8}
+    eye = {"look_at": {"eye": [0, 0, 3], "target": [0, 0, 0]}}
+    for bad in [
+        {**base, "look_at": {"eye": [1, 2, 3], "target": [1, 2, 3]}},
+        {**base, "look_at": {"eye": [0, 0, 3], "target": [0, 0, 0], "up": [0, 0, 5]}},
+        {**base, **eye, "fov_x_deg": 0},
+        {**base, **eye, "fov_y_deg": 180},
+        {**base, **eye, "fx": -2},
+        {**eye, "width": 0, "height": 8},
+        {**eye, "width": 8},
+        {**base, "c2w": [[2, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]]},
+        {**base, "c2w": [[1, 0, 0], [0, 1, 0]]},
+        {**base, "c2w": [[-1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]]},
+        {**base},
+        {**base, **eye, "c2w": [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]]},
+        {**base, **eye, "fov_x_deg": 40, "fx": 10},
+    ]:
+        with pytest.raises(ValidationError):
+            Camera.model_validate(bad)
+    with pytest.raises(ValidationError):
+        Camera.model_validate_json(
+            '{"width": 8, "height": 8, "c2w": [[NaN,0,0,0],[0,1,0,0],[0,0,1,0]]}'
+        )
+    with pytest.raises(ValidationError):
+        Orbit.model_validate({"radius": 0})
+    with pytest.raises(ValidationError):
+        Orbit.model_validate({"radius": 1, "elevation_deg": 90})
+    ok = Camera.model_validate({**base, **eye, "fov_y_deg": 30})
+    assert ok.look_at.up is None
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """The synthetic scene through the real intake: (dataset dir, cameras.json)."""
+    tmp = tmp_path_factory.mktemp("ds")
+    job = tmp / "job"
+    (job / "upload").mkdir(parents=True)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in S.scene_files(size=24, n_train=10, n_test=3, seed=1).items():
+            zf.writestr(name, data)
+    (job / "upload" / "s.zip").write_bytes(buf.getvalue())
+    validate_upload(job / "upload" / "s.zip", "s.zip", {}, job, Settings(data_dir=tmp))
+    return job / "dataset"
+
+
+def test_resolve_request_camera_against_a_dataset(dataset):
+    ds = load_dataset(dataset, "test")
+    meta = ds.meta
+    world = C.denormalize_pose(ds.c2w[0].double(), ds.normalization)
+    cam = Camera.model_validate({"c2w": world.tolist(), "width": 24, "height": 24}).model_dump()
+    rc = C.resolve_camera(cam, meta)
+    assert torch.allclose(rc.c2w, ds.c2w[0].double(), atol=1e-5)
+    assert rc.fx == pytest.approx(ds.frames[0]["fx"])  # default: the dataset's fov
+    eye = world[:3, 3].tolist()
+    la = C.resolve_camera(
+        {"look_at": {"eye": eye, "target": [0, 0, 0]}, "fov_x_deg": 90, "width": 10, "height": 6},
+        meta,
+    )
+    assert la.fx == pytest.approx(5.0) and (la.cx, la.cy) == (5.0, 3.0)
+    assert torch.allclose(la.c2w[:3, 3], C.normalize_points(eye, ds.normalization), atol=1e-9)
+    path = C.orbit_cameras({"radius": 3.0, "n_frames": 4}, {"fov_y_deg": 60}, 8, 8, meta)
+    assert len(path) == 4 and path[0].fy == pytest.approx(C.focal_from_fov(60, 8))
+
+
+def test_dataset_rays_reproduce_the_ground_truth(dataset):
+    """Intake + normalisation + rays: tracing the exact scene along a dataset's rays gives its photo."""
+    ds = load_dataset(dataset, "train")
+    assert ds.n_images == 10 and ds.rgba.shape == (10 * 24 * 24, 4) and ds.has_alpha
+    s, off = ds.normalization["scale"], np.array(ds.normalization["offset"])
+    for k in (0, 4):
+        o, d = ds.rays(k)
+        rgb, a, _ = S.trace(S.default_scene(), o.double().numpy() / s + off, d.double().numpy())
+        img = ds.image_rgba(k).reshape(-1, 4).numpy()
+        assert np.abs(img[:, 3] - a).max() < 1e-6
+        hit = a > 0
+        assert hit.sum() > 20
+        assert np.abs(img[hit, :3] - rgb[hit]).max() <= 0.5 / 255 + 1e-6
+
+
+def test_sampled_batches_composite_on_their_background(dataset):
+    ds = load_dataset(dataset, ("train", "test"))
+    g = torch.Generator().manual_seed(0)
+    b = ds.sample(4000, g, background="random")
+    rgba = ds.rgba[b.pixel_index]
+    assert torch.allclose(b.rgb, rgba[:, :3] * rgba[:, 3:] + b.background * (1 - rgba[:, 3:]))
+    assert b.background.std() > 0.1  # random, per ray
+    empty = b.alpha == 0
+    assert empty.any() and torch.allclose(b.rgb[empty], b.background[empty])
+    # The sampled rays are the image rays of the pixels they came from.
+    for n in range(0, 4000, 997):
+        k, p = int(b.image_index[n]), int(b.pixel_index[n] - ds.offsets[b.image_index[n]])
+        o, d = ds.rays(k)
+        assert torch.allclose(b.dirs[n], d[p], atol=1e-6) and torch.allclose(b.origins[n], o[p])
+    white = ds.sample(500, g, background="white")
+    assert torch.allclose(white.rgb[white.alpha == 0], torch.ones(1))
+    img = ds.image(0, background="black")
+    assert torch.allclose(img, ds.image_rgba(0)[..., :3] * ds.image_rgba(0)[..., 3:])
+    assert set(b.image_index.tolist()) == set(range(ds.n_images))
+
+
+def test_wire_render_requests_resolve(dataset):
+    """The API's request types (api_schemas.render), dumped as the worker gets them, resolve here."""
+    from api_schemas.render import PathRequest, RenderRequest
+
+    ds = load_dataset(dataset, "test")
+    world = C.denormalize_pose(ds.c2w[1].double(), ds.normalization)
+    req = RenderRequest.model_validate(
+        {"width": 24, "height": 24, "fov_x_deg": 45, "camera": {"c2w": world[:3].tolist()}}
+    ).model_dump(exclude_none=True)
+    rc = C.resolve_request_camera(req, ds.meta)
+    assert torch.allclose(rc.c2w, ds.c2w[1].double(), atol=1e-5) and rc.fx == pytest.approx(
+        C.focal_from_fov(45, 24)
+    )
+    path = PathRequest.model_validate(
+        {"width": 16, "height": 12, "orbit": {"radius": 3.0, "n_frames": 5, "up": [0, 0, 1]}}
+    ).model_dump(exclude_none=True)
+    cams = C.path_cameras(path, ds.meta)
+    assert len(cams) == 5 and all((c.width, c.height) == (16, 12) for c in cams)
+    eyes = torch.stack([c.c2w[:3, 3] for c in cams]) / ds.normalization["scale"]
+    assert torch.allclose(eyes.norm(dim=1), torch.full((5,), 3.0, dtype=torch.float64), atol=1e-6)
+    poses = PathRequest.model_validate(
+        {
+            "width": 8,
+            "height": 8,
+            "poses": [
+                {"look_at": {"eye": [3, 0, 1], "target": [0, 0, 0], "up": [0, 0, 1]}},
+                {"c2w": world.tolist()},
+            ],
+        }
+    ).model_dump(exclude_none=True)
+    assert len(C.path_cameras(poses, ds.meta)) == 2

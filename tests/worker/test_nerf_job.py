@@ -1,0 +1,275 @@
+"""kind=nerf end to end through the real HTTP API and a real Celery worker: a small synthetic
+scene (exact ground truth) trains in well under a minute, then renders are checked against the
+held-out photos, depth/alpha against the ray-traced truth, paths, the model cache, artifacts
+and the checkpoint download."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import struct
+import zipfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from experiments.synthetic_scene import FOV_X_DEG, scene_files
+from experiments.synthetic_scene import render as gt_render
+
+SIZE, N_TRAIN, N_TEST = 40, 24, 4
+CONFIG = {
+    "steps": 400,
+    "samples_per_step": 8192,
+    "max_rays_per_step": 2048,
+    "log2_hashmap_size": 15,
+    "n_levels": 12,
+    "max_resolution": 512,
+    "occupancy_resolution": 32,
+    "max_samples_per_ray": 192,
+    "checkpoint_every": 100,
+    "n_test_renders": 2,
+}
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    return -10 * math.log10(
+        max(float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)), 1e-12)
+    )
+
+
+def on_white(rgba: np.ndarray) -> np.ndarray:
+    return rgba[..., :3] * rgba[..., 3:4] + (1 - rgba[..., 3:4])
+
+
+def decode(data: bytes) -> Image.Image:
+    im = Image.open(io.BytesIO(data))
+    im.load()
+    return im
+
+
+@pytest.fixture(scope="module")
+def scene():
+    files = scene_files(SIZE, N_TRAIN, N_TEST, seed=3)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    test = json.loads(files["transforms_test.json"])
+    gts = [
+        np.asarray(decode(files[f"test/r_{i}.png"]).convert("RGBA"), dtype=np.float64) / 255
+        for i in range(N_TEST)
+    ]
+    return {
+        "zip": buf.getvalue(),
+        "test_c2w": [f["transform_matrix"] for f in test["frames"]],
+        "test_rgba": gts,
+    }
+
+
+@pytest.fixture(scope="module")
+def trained(fs_stack, scene):
+    r = fs_stack.submit(
+        scene["zip"], "scene.zip", kind="nerf", config=CONFIG, content_type="application/zip"
+    )
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    job = fs_stack.wait_status(job_id, "succeeded", "failed", timeout=240)
+    assert job["status"] == "succeeded", f"{job['error']}\n{fs_stack.logs()}"
+    return {"id": job_id, "job": job}
+
+
+def render(stack, job_id, body):
+    return stack.client.post(f"/v1/jobs/{job_id}/render", json=body)
+
+
+def test_training_beats_the_background_baseline(fs_stack, trained, scene):
+    job = trained["job"]
+    # The floor: predicting only the (white) background for every held-out pixel.
+    baseline = float(
+        np.mean([psnr(np.ones_like(on_white(g)), on_white(g)) for g in scene["test_rgba"]])
+    )
+    m = job["metrics"]
+    assert m["test_psnr"] > baseline + 8, (m, baseline)
+    assert m["background_psnr"] == pytest.approx(baseline, abs=0.2)
+    assert 0 < m["test_ssim"] <= 1 and m["test_ssim"] > 0.6
+    assert m["steps"] == CONFIG["steps"]
+    p = job["progress"]
+    assert p["step"] == CONFIG["steps"] and p["rays_per_s"] > 0 and p["samples_per_ray"] > 0
+    events = [
+        json.loads(x)
+        for x in (fs_stack.job_dir(trained["id"]) / "events.jsonl").read_text().splitlines()
+    ]
+    psnrs = [
+        e["data"]["psnr"]
+        for e in events
+        if e["event"] == "progress" and e["data"].get("psnr") is not None
+    ]
+    assert len(psnrs) >= 2 and max(psnrs[-3:]) > psnrs[0] + 5
+
+
+def test_render_of_a_test_pose_matches_the_held_out_photo(fs_stack, trained, scene):
+    scores, first = [], None
+    for c2w, gt in zip(scene["test_c2w"], scene["test_rgba"]):
+        r = render(
+            fs_stack,
+            trained["id"],
+            {"width": SIZE, "height": SIZE, "camera": {"c2w": c2w}, "fov_x_deg": FOV_X_DEG},
+        )
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"] == "image/png"
+        img = np.asarray(decode(r.content).convert("RGB"), dtype=np.float64) / 255
+        first = img if first is None else first
+        scores.append(psnr(img, on_white(gt)))
+    baseline = float(
+        np.mean([psnr(np.ones_like(on_white(g)), on_white(g)) for g in scene["test_rgba"]])
+    )
+    assert np.mean(scores) > max(18.0, baseline + 8), (scores, baseline)
+    # The API's renders of the world-frame poses reproduce the worker's own test evaluation.
+    assert np.mean(scores) == pytest.approx(trained["job"]["metrics"]["test_psnr"], abs=1.0)
+    # Default intrinsics are the training camera's: the same frame without fov_x_deg.
+    r = render(
+        fs_stack,
+        trained["id"],
+        {"width": SIZE, "height": SIZE, "camera": {"c2w": scene["test_c2w"][0]}},
+    )
+    img = np.asarray(decode(r.content).convert("RGB"), dtype=np.float64) / 255
+    assert psnr(img, first) > 40
+
+
+def test_depth_and_alpha_outputs_match_the_ray_traced_truth(fs_stack, trained, scene):
+    c2w = scene["test_c2w"][1]
+    truth = gt_render(np.asarray(c2w), SIZE, SIZE, fov_x_deg=FOV_X_DEG)
+    body = {"width": SIZE, "height": SIZE, "camera": {"c2w": c2w}, "fov_x_deg": FOV_X_DEG}
+    r = render(fs_stack, trained["id"], {**body, "output": "alpha"})
+    assert r.status_code == 200, r.text
+    alpha = np.asarray(decode(r.content).convert("L"), dtype=np.float64) / 255
+    assert np.mean(np.abs(alpha - truth["rgba"][..., 3])) < 0.08
+    r = render(fs_stack, trained["id"], {**body, "output": "depth"})
+    im = decode(r.content)
+    near, far = float(im.text["nf-depth-near"]), float(im.text["nf-depth-far"])
+    v = np.asarray(im.convert("L"), dtype=np.float64)
+    hit = (v > 0) & np.isfinite(truth["depth"])
+    depth = near + (255 - v) / 254 * (far - near)
+    assert hit.mean() > 0.2
+    # World units (the stored normalisation is undone): within a few hundredths of the 4-unit camera distance.
+    assert np.median(np.abs(depth[hit] - truth["depth"][hit])) < 0.08
+    r = render(fs_stack, trained["id"], {**body, "format": "jpeg"})
+    assert r.headers["content-type"] == "image/jpeg" and decode(r.content).size == (SIZE, SIZE)
+
+
+def test_look_at_camera_in_world_frame(fs_stack, trained):
+    eye = (3.0, -2.0, 1.5)
+    body = {
+        "width": 24,
+        "height": 20,
+        "fov_x_deg": 45,
+        "camera": {"look_at": {"eye": eye, "target": (0, 0, 0), "up": (0, 0, 1)}},
+    }
+    r = render(fs_stack, trained["id"], body)
+    assert r.status_code == 200, r.text
+    img = np.asarray(decode(r.content).convert("RGB"), dtype=np.float64) / 255
+    from experiments.synthetic_scene import look_at
+
+    truth = on_white(gt_render(look_at(eye), 24, 20, fov_x_deg=45)["rgba"])
+    assert img.shape == (20, 24, 3) and psnr(img, truth) > 18
+
+
+def test_second_render_reuses_the_cached_model(fs_stack, trained, scene):
+    # 96x96 is more rays than one render chunk: chunking must stitch the image together.
+    body = {
+        "width": 96,
+        "height": 96,
+        "camera": {"c2w": scene["test_c2w"][2]},
+        "background": "black",
+    }
+    first = decode(render(fs_stack, trained["id"], body).content)
+    second = decode(render(fs_stack, trained["id"], body).content)
+    assert second.size == (96, 96) and np.array_equal(np.asarray(first), np.asarray(second))
+    truth = gt_render(np.asarray(scene["test_c2w"][2]), 96, 96, fov_x_deg=FOV_X_DEG)["rgba"]
+    img = np.asarray(second.convert("RGB"), dtype=np.float64) / 255
+    assert psnr(img, truth[..., :3] * truth[..., 3:]) > 17  # on black
+    assert first.text["nf-model-cache"] in ("hit", "miss")
+    assert second.text["nf-model-cache"] == "hit"
+    assert second.text["nf-checkpoint-step"] == str(CONFIG["steps"])
+
+
+def test_render_path_orbit_webp_and_pose_zip(fs_stack, trained, scene):
+    r = fs_stack.client.post(
+        f"/v1/jobs/{trained['id']}/render/path",
+        json={
+            "width": 20,
+            "height": 16,
+            "format": "webp",
+            "orbit": {"radius": 4, "n_frames": 3, "up": (0, 0, 1)},
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "image/webp"
+    im = decode(r.content)
+    assert im.format == "WEBP" and im.size == (20, 16) and getattr(im, "n_frames", 1) == 3
+    poses = [{"c2w": c} for c in scene["test_c2w"][:2]]
+    r = fs_stack.client.post(
+        f"/v1/jobs/{trained['id']}/render/path",
+        json={
+            "width": SIZE,
+            "height": SIZE,
+            "format": "zip",
+            "fov_x_deg": FOV_X_DEG,
+            "poses": poses,
+        },
+    )
+    assert r.status_code == 200 and r.headers["content-type"] == "application/zip"
+    with zipfile.ZipFile(io.BytesIO(r.content)) as zf:
+        names = sorted(zf.namelist())
+        assert names == ["frame_000.png", "frame_001.png"]
+        frame = np.asarray(decode(zf.read(names[1])).convert("RGB"), dtype=np.float64) / 255
+    assert psnr(frame, on_white(scene["test_rgba"][1])) > 17
+
+
+def test_bad_render_requests_are_4xx_with_detail(fs_stack, trained):
+    url = f"/v1/jobs/{trained['id']}/render"
+    for body in (
+        {"width": 16, "height": 16},  # no camera
+        {"width": 16, "height": 16, "output": "normals", "camera": {"c2w": np.eye(4).tolist()}},
+        {"width": 16, "height": 16, "camera": {"c2w": (2 * np.eye(4)).tolist()}},
+    ):  # not rigid
+        r = fs_stack.client.post(url, json=body)
+        assert r.status_code == 422, (body, r.text)
+        assert isinstance(r.json()["detail"], str) and r.json()["detail"]
+    r = fs_stack.client.post(
+        f"/v1/jobs/{trained['id']}/render/path",
+        json={"width": 16, "height": 16, "format": "mp4", "orbit": {"radius": 3, "n_frames": 2}},
+    )
+    assert r.status_code == 422 and "mp4" in r.json()["detail"]
+
+
+def test_artifacts_are_listed_and_downloadable(fs_stack, trained):
+    job_id = trained["id"]
+    names = trained["job"]["metrics"]["artifacts"]
+    assert len(names) == CONFIG["n_test_renders"]
+    listed = fs_stack.client.get(f"/v1/jobs/{job_id}/artifacts").json()["items"]
+    assert sorted(i["name"] for i in listed) == sorted(names)
+    r = fs_stack.client.get(f"/v1/jobs/{job_id}/artifacts/{names[0]}")
+    assert r.status_code == 200 and r.headers["content-type"] == "image/png"
+    assert decode(r.content).size == (SIZE, SIZE)
+    for bad in ("..%2Fjob.json", ".hidden", "nope.png", "a%00b"):
+        r = fs_stack.client.get(f"/v1/jobs/{job_id}/artifacts/{bad}")
+        assert r.status_code in (404, 422) and r.json()["detail"], bad
+
+
+def test_checkpoint_download_is_a_self_describing_safetensors(fs_stack, trained):
+    from safetensors.torch import load
+
+    r = fs_stack.client.get(f"/v1/jobs/{trained['id']}/checkpoint")
+    assert r.status_code == 200, r.text
+    assert r.headers["x-checkpoint-step"] == str(CONFIG["steps"])
+    (n,) = struct.unpack("<Q", r.content[:8])
+    meta = json.loads(json.loads(r.content[8 : 8 + n])["__metadata__"]["nf_meta"])
+    assert (
+        meta["config"]["log2_hashmap_size"] == CONFIG["log2_hashmap_size"]
+        and "normalization" in meta
+    )
+    tensors = load(r.content)
+    assert tensors["field.encoding.params"].shape[1] == 2 and "grid.bits" in tensors

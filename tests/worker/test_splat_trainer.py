@@ -1,0 +1,168 @@
+"""kind=splat pieces below the HTTP layer: intake of COLMAP points, initialisation, densification
+and pruning with the optimiser state carried along, opacity reset, SSIM and the PLY layout."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from skimage.metrics import structural_similarity
+from test_nerf_intake import to_colmap, zip_bytes
+
+from core.settings import Settings
+from experiments.synthetic_scene import scene_files
+from service.intake import IntakeError
+from service.intake.splat import validate_upload
+from worker.nerf.data import Dataset, read_meta
+from worker.splat import model as gm
+from worker.splat.ply import ply_bytes, read_ply
+from worker.splat.ssim import ssim
+from worker.splat.trainer import SplatTrainer, read_points3d
+
+SIZE = 32
+POINTS = "# 3D point list\n1 0.1 0.2 0.3 255 0 0 0.5 1 2\n2 -0.4 0.0 0.25 0 255 0 0.1\n3 0.0 -0.3 -0.2 0 0 255 0.2\n"
+
+
+@pytest.fixture(scope="module")
+def blender():
+    return scene_files(size=SIZE, n_train=16, n_test=4, seed=3)
+
+
+def intake(tmp_path, files, config=None):
+    job = tmp_path / "job"
+    (job / "upload").mkdir(parents=True, exist_ok=True)
+    src = job / "upload" / "scene.zip"
+    src.write_bytes(zip_bytes(files))
+    cfg, summary = validate_upload(src, "scene.zip", config or {}, job, Settings(data_dir=tmp_path))
+    return cfg, summary, job
+
+
+def test_colmap_points_are_kept_and_used_for_init(tmp_path, blender):
+    files = {**to_colmap(blender), "sparse/0/points3D.txt": POINTS.encode()}
+    cfg, summary, job = intake(tmp_path, files, {"init": "points3d"})
+    assert summary["n_points3d"] == 3 and summary["source_format"] == "colmap"
+    meta = read_meta(job / "dataset")
+    pts, cols = read_points3d(job / "dataset" / "points3D.txt", meta["normalization"])
+    n = meta["normalization"]
+    expect = (np.array([[0.1, 0.2, 0.3], [-0.4, 0.0, 0.25], [0.0, -0.3, -0.2]]) - n["offset"]) * n[
+        "scale"
+    ]
+    np.testing.assert_allclose(pts.numpy(), expect, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cols.numpy(), np.eye(3))
+    tr = SplatTrainer(
+        cfg, meta, torch.device("cpu"), Dataset(job / "dataset", "train", meta), job / "dataset"
+    )
+    assert tr.n == 3
+    torch.testing.assert_close(tr.params["means"].detach(), pts)
+
+
+def test_points3d_init_without_points_and_bad_points_are_422(tmp_path, blender):
+    with pytest.raises(IntakeError) as e:
+        intake(tmp_path, to_colmap(blender), {"init": "points3d"})  # points3D.txt present but empty
+    assert e.value.status_code == 422 and "points3D" in e.value.detail
+    assert not (tmp_path / "job" / "dataset").exists()
+    bad = {**to_colmap(blender), "sparse/0/points3D.txt": b"1 0.1 zero 0.3 255 0 0 0.5\n"}
+    with pytest.raises(IntakeError) as e:
+        intake(tmp_path, bad)
+    assert e.value.status_code == 422 and "line 1" in e.value.detail
+
+
+@pytest.fixture
+def trainer(tmp_path, blender):
+    cfg, _, job = intake(tmp_path, blender, {"n_init_points": 400, "steps": 100, "densify_from": 0})
+    meta = read_meta(job / "dataset")
+    return SplatTrainer(
+        cfg, meta, torch.device("cpu"), Dataset(job / "dataset", "train", meta), job / "dataset"
+    )
+
+
+def test_random_init_fills_the_scene_box(trainer):
+    lo, hi = (np.array(v) for v in trainer.meta["aabb"])
+    m = trainer.params["means"].detach().numpy()
+    assert trainer.n == 400 and (m >= lo * 0.5 - 1e-6).all() and (m <= hi * 0.5 + 1e-6).all()
+
+
+def test_densify_clones_small_splits_large_prunes_faint(trainer):
+    for _ in range(3):
+        trainer.train_step()  # Adam state exists for every parameter
+    n0 = trainer.n
+    with torch.no_grad():
+        scales = trainer.params["scales"]
+        scales[:10] = np.log(0.2 * trainer.extent)  # large: split
+        scales[10:20] = np.log(0.001 * trainer.extent)  # small: clone
+        trainer.params["opacities"][20:25] = -10.0  # faint: pruned
+    trainer.grad_accum.zero_()
+    trainer.grad_count.fill_(1)
+    trainer.grad_accum[:20] = 1.0
+    trainer.step = 50
+    trainer.densify_and_prune()
+    assert trainer.n == n0 + 10 + 10 * 2 - 10 - 5
+    for g in trainer.opt.param_groups:
+        p = g["params"][0]
+        assert p is trainer.params[g["name"]]
+        st = trainer.opt.state.get(p)
+        if g["name"] != "sh_rest":  # SH bands above 0 get no gradient before sh_increase_every
+            assert st["exp_avg"].shape == p.shape and st["exp_avg_sq"].shape == p.shape
+    # split children are 1.6x smaller than their parent
+    big = np.exp(trainer.params["scales"].detach().numpy()).max(-1)
+    assert np.isclose(big, 0.2 * trainer.extent / 1.6, rtol=1e-4).sum() == 20
+    assert torch.sigmoid(trainer.params["opacities"]).min() >= trainer.config["prune_opacity"]
+    trainer.train_step()  # the optimiser still works on the edited tensors
+
+
+def test_opacity_reset_caps_opacity(trainer):
+    trainer.train_step()
+    trainer.reset_opacity()
+    assert torch.sigmoid(trainer.params["opacities"]).max() <= 0.01 + 1e-6
+    trainer.train_step()
+
+
+def test_checkpoint_state_round_trip(trainer):
+    for _ in range(3):
+        trainer.train_step()
+    tensors, meta = trainer.state()
+    json.dumps(meta)
+    other = SplatTrainer.__new__(SplatTrainer)
+    other.__dict__.update({k: v for k, v in trainer.__dict__.items() if k not in ("params", "opt")})
+    other.load_state(tensors, meta)
+    assert other.step == trainer.step and other.n == trainer.n
+    p = other.params["means"]
+    torch.testing.assert_close(
+        other.opt.state[p]["exp_avg"], trainer.opt.state[trainer.params["means"]]["exp_avg"]
+    )
+
+
+def test_ssim_matches_skimage_gaussian_ssim():
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(40, 48, 3, generator=g, dtype=torch.float64)
+    b = (a + 0.1 * torch.randn(40, 48, 3, generator=g, dtype=torch.float64)).clamp(0, 1)
+    assert float(ssim(a, a)) == pytest.approx(1.0)
+    ref = structural_similarity(
+        a.numpy(),
+        b.numpy(),
+        channel_axis=2,
+        data_range=1.0,
+        gaussian_weights=True,
+        sigma=1.5,
+        use_sample_covariance=False,
+    )
+    # skimage crops the borders, the loss pads with zeros: close, not equal
+    assert float(ssim(a, b)) == pytest.approx(ref, abs=0.03)
+
+
+def test_ply_layout_and_world_units():
+    n = 5
+    p = gm.init_tensors(torch.rand(n, 3), torch.rand(n, 3), 3)
+    norm = {"scale": 0.5, "offset": [1.0, 2.0, 3.0]}
+    cols = read_ply(ply_bytes(p, norm))
+    assert len(cols) == 62 and len(cols["x"]) == n
+    np.testing.assert_allclose(
+        np.stack([cols["x"], cols["y"], cols["z"]], -1),
+        p["means"].numpy() / 0.5 + [1.0, 2.0, 3.0],
+        rtol=1e-6,
+    )
+    np.testing.assert_allclose(cols["scale_0"], p["scales"][:, 0].numpy() - np.log(0.5), rtol=1e-5)
+    p["sh_rest"][:, 2, 1] = 7.0  # coefficient 3 of green -> f_rest_{15 + 2}
+    assert (read_ply(ply_bytes(p))["f_rest_17"] == 7.0).all()
