@@ -46,7 +46,8 @@ def auth_headers(token: str = TEST_KEY) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+# NF_TEST_REDIS_PORT points the suite at another local Redis, so two checkouts can test at once.
+REDIS_HOST, REDIS_PORT = "127.0.0.1", int(os.environ.get("NF_TEST_REDIS_PORT", "6379"))
 
 
 def free_port() -> int:
