@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 from skimage.metrics import structural_similarity
-from test_nerf_intake import to_colmap, zip_bytes
 
 from core.settings import Settings
 from experiments.synthetic_scene import scene_files
 from service.intake import IntakeError
 from service.intake.splat import validate_upload
+from tests.service.test_nerf_intake import to_colmap, zip_bytes
 from worker.nerf.data import Dataset, read_meta
 from worker.splat import model as gm
 from worker.splat.ply import ply_bytes, read_ply

@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 from worker.cameras import DISTORTION_KEYS, image_rays, rays_from_pixels
+from worker.datasets import composite as composite_background  # noqa: F401  (re-exported)
 
 
 @dataclass
