@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 Tensorish = torch.Tensor | Sequence[float] | Sequence[Sequence[float]]
-DISTORTION_KEYS = ("k1", "k2", "k3", "p1", "p2")
 
 
 def _t(x: Tensorish, dtype=torch.float64) -> torch.Tensor:

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from worker.cameras import DISTORTION_KEYS, image_rays, rays_from_pixels
+from core.scene_format import DISTORTION_KEYS
+from worker.cameras import image_rays, rays_from_pixels
 
 NAMED_BACKGROUNDS = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
 

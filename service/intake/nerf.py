@@ -36,14 +36,13 @@ from PIL import Image, UnidentifiedImageError
 from pydantic import ValidationError
 
 from api_schemas.nerf import NerfConfig
+from core.scene_format import DISTORTION_KEYS, MIN_TRAIN_VIEWS, TEST_EVERY
+from core.scene_format import UPLOAD_RIGID_TOL as RIGID_TOL
 from service.intake import IntakeError
 from service.intake.archive import extract_archive, limits_from_settings
 
 FORMATS = {"PNG": ".png", "JPEG": ".jpg", "WEBP": ".webp"}
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".PNG", ".JPG", ".JPEG", ".WEBP")
-MIN_TRAIN_VIEWS = 3
-TEST_EVERY = 8
-RIGID_TOL = 2e-3
 DEFAULT_MAX_DATASET_PIXELS = 100_000_000
 NGP_DEFAULT_SCALE, NGP_DEFAULT_OFFSET = 0.33, 0.5
 # COLMAP model -> names of its parameters, in file order.
@@ -53,7 +52,6 @@ COLMAP_MODELS = {
     "SIMPLE_RADIAL": ("f", "cx", "cy", "k1"),
     "OPENCV": ("fx", "fy", "cx", "cy", "k1", "k2", "p1", "p2"),
 }
-DISTORTION_KEYS = ("k1", "k2", "k3", "p1", "p2")
 OPENCV_TO_OPENGL = np.diag([1.0, -1.0, -1.0, 1.0])
 
 

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from worker.cameras import DISTORTION_KEYS, image_rays, rays_from_pixels
+from core.scene_format import DISTORTION_KEYS
+from worker.cameras import image_rays, rays_from_pixels
 from worker.datasets import composite as composite_background  # noqa: F401  (re-exported)
 
 
