@@ -36,15 +36,17 @@ from PIL import Image, UnidentifiedImageError
 from pydantic import ValidationError
 
 from api_schemas.nerf import NerfConfig
-from core.scene_format import DISTORTION_KEYS, MIN_TRAIN_VIEWS, TEST_EVERY
+from core.scene_build import SceneFrame, write_scene
+from core.scene_format import DISTORTION_KEYS, SceneError
 from core.scene_format import UPLOAD_RIGID_TOL as RIGID_TOL
+from core.scene_normalize import OPENCV_TO_OPENGL
+from core.scene_normalize import check_rigid as core_check_rigid
 from service.intake import IntakeError
 from service.intake.archive import extract_archive, limits_from_settings
 
 FORMATS = {"PNG": ".png", "JPEG": ".jpg", "WEBP": ".webp"}
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".PNG", ".JPG", ".JPEG", ".WEBP")
 DEFAULT_MAX_DATASET_PIXELS = 100_000_000
-NGP_DEFAULT_SCALE, NGP_DEFAULT_OFFSET = 0.33, 0.5
 # COLMAP model -> names of its parameters, in file order.
 COLMAP_MODELS = {
     "SIMPLE_PINHOLE": ("f", "cx", "cy"),
@@ -52,7 +54,6 @@ COLMAP_MODELS = {
     "SIMPLE_RADIAL": ("f", "cx", "cy", "k1"),
     "OPENCV": ("fx", "fy", "cx", "cy", "k1", "k2", "p1", "p2"),
 }
-OPENCV_TO_OPENGL = np.diag([1.0, -1.0, -1.0, 1.0])
 
 
 @dataclass
@@ -102,34 +103,10 @@ def _opt_num(d: dict, key: str, what: str) -> float | None:
 
 
 def check_rigid(m: Any, what: str) -> np.ndarray:
-    """A 4x4 (or 3x4) rigid transform as float64 4x4, re-orthonormalised; IntakeError otherwise."""
     try:
-        a = np.array(m, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise IntakeError(422, f"{what}: transform matrix is not a 4x4 array of numbers") from None
-    if a.shape not in ((4, 4), (3, 4)):
-        raise IntakeError(
-            422, f"{what}: transform matrix must be 4x4 or 3x4, got shape {list(a.shape)}"
-        )
-    if not np.isfinite(a).all():
-        raise IntakeError(422, f"{what}: transform matrix contains NaN or infinity")
-    if a.shape == (4, 4) and np.abs(a[3] - [0, 0, 0, 1]).max() > 1e-4:
-        raise IntakeError(
-            422, f"{what}: transform matrix last row must be [0, 0, 0, 1], got {a[3].tolist()}"
-        )
-    r = a[:3, :3]
-    err = np.abs(r.T @ r - np.eye(3)).max()
-    if err > RIGID_TOL or np.linalg.det(r) <= 0:
-        raise IntakeError(
-            422,
-            f"{what}: transform matrix is not rigid (rotation part is not orthonormal with "
-            f"determinant +1; error {err:.3g}); scaled or mirrored cameras are not supported",
-        )
-    u, _, vt = np.linalg.svd(r)
-    out = np.eye(4)
-    out[:3, :3] = u @ vt
-    out[:3, 3] = a[:3, 3]
-    return out
+        return core_check_rigid(m, what, RIGID_TOL)
+    except SceneError as exc:
+        raise IntakeError(422, str(exc)) from None
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -539,71 +516,6 @@ def resolve_intrinsics(f: RawFrame, img: ImageInfo) -> dict[str, float]:
     return {"fx": fx, "fy": fy, "cx": cx, "cy": cy}
 
 
-# --------------------------------------------------------------------------- normalisation
-
-
-def focus_point(c2ws: np.ndarray) -> np.ndarray:
-    """Least-squares point closest to every camera's optical axis, or None when they do not converge."""
-    centres, fwd = c2ws[:, :3, 3], -c2ws[:, :3, 2]
-    proj = np.eye(3)[None] - fwd[:, :, None] * fwd[:, None, :]
-    a, b = proj.sum(0), (proj @ centres[:, :, None]).sum(0)[:, 0]
-    ev = np.linalg.eigvalsh(a)
-    if ev[0] < 1e-3 * ev[-1]:
-        return None
-    p = np.linalg.solve(a, b)
-    # The cameras must be looking at it, not away from it.
-    if np.mean(np.einsum("ij,ij->i", fwd, p - centres)) <= 0:
-        return None
-    return p
-
-
-def compute_normalization(
-    c2ws: np.ndarray, tan_half_fov: np.ndarray, parsed: Parsed, aabb_override: float | None
-) -> tuple[float, np.ndarray, float]:
-    """(scale, offset, aabb half size); see the module docstring for the rule."""
-    if parsed.ngp_scale is not None or parsed.ngp_offset is not None:
-        s = parsed.ngp_scale if parsed.ngp_scale is not None else NGP_DEFAULT_SCALE
-        o = np.array(
-            parsed.ngp_offset if parsed.ngp_offset is not None else [NGP_DEFAULT_OFFSET] * 3
-        )
-        scale, offset = 2.0 * s, (0.5 - o) / s
-    else:
-        centres = c2ws[:, :3, 3]
-        centre = focus_point(c2ws)
-        if centre is None:
-            spread = float(np.median(np.linalg.norm(centres - centres.mean(0), axis=1))) or 1.0
-            fwd = -c2ws[:, :3, 2].mean(0)
-            fwd /= max(np.linalg.norm(fwd), 1e-9)
-            centre = centres.mean(0) + fwd * spread
-        dist = float(np.median(np.linalg.norm(centres - centre, axis=1)))
-        extent = dist * float(np.median(tan_half_fov))
-        if not math.isfinite(extent) or extent <= 1e-9:
-            raise IntakeError(422, "cannot normalise the scene: all cameras sit at the same point")
-        scale, offset = 1.0 / extent, centre
-    half = aabb_override or parsed.aabb_scale or 1.0
-    return float(scale), np.asarray(offset, dtype=np.float64), float(half)
-
-
-def world_up(c2ws: np.ndarray) -> np.ndarray:
-    """Mean camera up vector; snapped to a world axis when within 15 degrees of one, because
-    cameras spread over a sphere bias the mean while most captures are axis-aligned (Blender: +z)."""
-    up = c2ws[:, :3, 1].mean(0)
-    n = np.linalg.norm(up)
-    if n < 1e-6:
-        return np.array([0.0, 0.0, 1.0])
-    up = up / n
-    k = int(np.argmax(np.abs(up)))
-    if abs(up[k]) > math.cos(math.radians(15)):
-        up = np.eye(3)[k] * np.sign(up[k])
-    return up
-
-
-def normalize_c2w(c2w: np.ndarray, scale: float, offset: np.ndarray) -> np.ndarray:
-    out = np.array(c2w, dtype=np.float64)
-    out[:3, 3] = (out[:3, 3] - offset) * scale
-    return out
-
-
 # --------------------------------------------------------------------------- entry point
 
 
@@ -634,62 +546,29 @@ def build_dataset(root: Path, out_dir: Path, cfg: NerfConfig, settings) -> dict:
             + ") but the cameras share one set of intrinsics; give per-frame intrinsics "
             "(fl_x, fl_y, cx, cy, w, h) or resize the images",
         )
-    intr = [resolve_intrinsics(f, i) for f, i in zip(frames, infos)]
-
-    unsplit = [f for f in frames if f.split is None]
-    for k, f in enumerate(unsplit):
-        f.split = "test" if k % TEST_EVERY == 0 else "train"
-    n_train = sum(f.split == "train" for f in frames)
-    n_test = sum(f.split == "test" for f in frames)
-    if n_train < MIN_TRAIN_VIEWS or n_test < 1:
-        raise IntakeError(
-            422,
-            f"too few images: {n_train} for training and {n_test} for testing; at least "
-            f"{MIN_TRAIN_VIEWS} training images and 1 test image are needed",
+    scene = [
+        SceneFrame(
+            image=f.image,
+            c2w=f.c2w,
+            **resolve_intrinsics(f, i),
+            distortion=f.distortion,
+            split=f.split,
+            name=f.name,
         )
-
-    c2ws = np.stack([f.c2w for f in frames])
-    tan_half = np.array(
-        [max(0.5 * i.w / k["fx"], 0.5 * i.h / k["fy"]) for i, k in zip(infos, intr)]
-    )
-    train_mask = np.array([f.split == "train" for f in frames])
-    scale, offset, half = compute_normalization(
-        c2ws[train_mask], tan_half[train_mask], parsed, cfg.aabb_scale
-    )
-    up = world_up(c2ws[train_mask])
-
-    images_dir = out_dir / "images"
-    images_dir.mkdir(parents=True)
-    placed: dict[Path, str] = {}
-    out_frames = []
-    for idx, (f, info, k) in enumerate(zip(frames, infos, intr)):
-        if f.image not in placed:
-            rel = f"images/{idx:04d}{FORMATS[info.fmt]}"
-            os.replace(f.image, out_dir / rel)  # same file system: a rename, no copy
-            placed[f.image] = rel
-        entry = {
-            "file": placed[f.image],
-            "source": f.name,
-            "c2w": normalize_c2w(f.c2w, scale, offset).tolist(),
-            **k,
-            "w": info.w,
-            "h": info.h,
-            "split": f.split,
-        }
-        if f.distortion:
-            entry["distortion"] = {key: f.distortion.get(key, 0.0) for key in DISTORTION_KEYS}
-        out_frames.append(entry)
-    meta = {
-        "version": 1,
-        "frames": out_frames,
-        "normalization": {"scale": scale, "offset": offset.tolist()},
-        "aabb": [[-half] * 3, [half] * 3],
-        "has_alpha": any(i.alpha for i in infos),
-        "world_up": up.tolist(),
-        "source_format": parsed.source_format,
-    }
-    (out_dir / "cameras.json").write_text(json.dumps(meta, indent=1))
-    return meta
+        for f, i in zip(frames, infos)
+    ]
+    try:
+        return write_scene(
+            out_dir,
+            scene,
+            source_format=parsed.source_format,
+            ngp_scale=parsed.ngp_scale,
+            ngp_offset=parsed.ngp_offset,
+            aabb_scale=cfg.aabb_scale or parsed.aabb_scale,
+            move_images=True,
+        )
+    except SceneError as exc:
+        raise IntakeError(422, str(exc)) from None
 
 
 def parse_config(config: dict[str, Any] | None) -> NerfConfig:
