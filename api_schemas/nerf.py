@@ -4,14 +4,40 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Unit = Annotated[float, Field(ge=0.0, le=1.0)]
 # A named colour or linear RGB in [0, 1].
 Background = Literal["white", "black"] | tuple[Unit, Unit, Unit]
 
 
-class NerfConfig(BaseModel):
+class TrainingImages(BaseModel):
+    """The size scene photos are stored and trained at; intrinsics are scaled to match."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    long_side: int | None = Field(
+        None,
+        ge=16,
+        le=8192,
+        description="downsize photos to at most this long side; null: the deployment's "
+        "TRAIN_LONG_SIDE",
+    )
+    downscale: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="divide both sides by this instead (nerfstudio's images_N / downscale_factor)",
+    )
+
+    @model_validator(mode="after")
+    def _one_size_rule(self):
+        if self.long_side is not None and self.downscale is not None:
+            raise ValueError("give long_side or downscale, not both")
+        return self
+
+
+class NerfConfig(TrainingImages):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     # Optimisation

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from api_schemas.nerf import Background
+from api_schemas.nerf import Background, TrainingImages
 
 
-class SplatConfig(BaseModel):
+class SplatConfig(TrainingImages):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     steps: int = Field(3000, ge=1, le=1_000_000, description="training steps (one image per step)")

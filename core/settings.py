@@ -25,6 +25,20 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(
         40_000_000, gt=0, description="width*height cap for uploaded photos"
     )
+    max_archive_entries: int = Field(
+        10_000, gt=0, description="members of one uploaded archive (413 past it)"
+    )
+    max_extracted_mb: float = Field(
+        2048, gt=0, description="bytes an uploaded archive may extract to, in MiB (413)"
+    )
+    max_compression_ratio: float = Field(
+        200.0, gt=1, description="extracted / compressed size of an archive or member (413)"
+    )
+    train_long_side: int = Field(
+        800,
+        ge=16,
+        description="scene uploads are downsized to this long side unless the config says",
+    )
     max_render_pixels: int = Field(
         4_194_304, gt=0, description="width*height cap for one rendered frame"
     )

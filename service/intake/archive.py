@@ -47,13 +47,11 @@ class ArchiveLimits:
 
 
 def limits_from_settings(settings) -> ArchiveLimits:
-    """Settings may override the defaults (MAX_ARCHIVE_ENTRIES, MAX_EXTRACTED_MB, MAX_COMPRESSION_RATIO)."""
-    d = ArchiveLimits()
-    mb = getattr(settings, "max_extracted_mb", None)
+    """MAX_ARCHIVE_ENTRIES, MAX_EXTRACTED_MB and MAX_COMPRESSION_RATIO (core.settings)."""
     return ArchiveLimits(
-        max_entries=int(getattr(settings, "max_archive_entries", None) or d.max_entries),
-        max_total_bytes=int(mb * 1024 * 1024) if mb else d.max_total_bytes,
-        max_ratio=float(getattr(settings, "max_compression_ratio", None) or d.max_ratio),
+        max_entries=settings.max_archive_entries,
+        max_total_bytes=int(settings.max_extracted_mb * 1024 * 1024),
+        max_ratio=settings.max_compression_ratio,
     )
 
 
@@ -101,14 +99,17 @@ class _Budget:
     def entry(self) -> None:
         self.entries += 1
         if self.entries > self.limits.max_entries:
-            raise IntakeError(413, f"archive has more than {self.limits.max_entries} entries")
+            raise IntakeError(
+                413,
+                f"archive has more than {self.limits.max_entries} entries (MAX_ARCHIVE_ENTRIES)",
+            )
 
     def declare(self, total: int) -> None:
         if total > self.limits.max_total_bytes:
             raise IntakeError(
                 413,
                 f"archive would extract to {total} bytes, over the limit of "
-                f"{self.limits.max_total_bytes}",
+                f"{self.limits.max_total_bytes} (MAX_EXTRACTED_MB)",
             )
 
     def add(self, n: int) -> None:
@@ -119,7 +120,9 @@ class _Budget:
             and self.written / self.archive_bytes > self.limits.max_ratio
         ):
             raise IntakeError(
-                413, f"archive expands more than {self.limits.max_ratio:g}x (looks like a zip bomb)"
+                413,
+                f"archive expands more than {self.limits.max_ratio:g}x (looks like a zip bomb; "
+                "MAX_COMPRESSION_RATIO)",
             )
 
 
@@ -128,7 +131,7 @@ def _check_ratio(name: str, size: int, compressed: int, limits: ArchiveLimits) -
         raise IntakeError(
             413,
             f"archive entry {name!r} expands {size / max(compressed, 1):.0f}x, over the "
-            f"limit of {limits.max_ratio:g}x (looks like a zip bomb)",
+            f"limit of {limits.max_ratio:g}x (looks like a zip bomb; MAX_COMPRESSION_RATIO)",
         )
 
 
@@ -178,7 +181,9 @@ def _extract_zip(src: Path, dest: Path, limits: ArchiveLimits) -> list[PurePosix
         infos = zf.infolist()
         if len(infos) > limits.max_entries:
             raise IntakeError(
-                413, f"archive has {len(infos)} entries, over the limit of {limits.max_entries}"
+                413,
+                f"archive has {len(infos)} entries, over the limit of {limits.max_entries} "
+                "(MAX_ARCHIVE_ENTRIES)",
             )
         budget.declare(sum(i.file_size for i in infos))
         plan = []

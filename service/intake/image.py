@@ -10,16 +10,9 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 
 from service.intake import IntakeError
+from service.intake.scene.images import jpeg_complete
 
 FORMATS = {"PNG": "png", "JPEG": "jpg"}
-
-
-def _jpeg_complete(path: Path) -> bool:
-    # A JPEG ends with the EOI marker; a cut-off upload loses it. Some writers pad after it.
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        fh.seek(max(0, size - 65536))
-        return b"\xff\xd9" in fh.read()
 
 
 def validate_upload(
@@ -60,7 +53,7 @@ def validate_upload(
                 im.verify()  # walks chunks and CRCs without decoding pixels
     except Exception:
         raise IntakeError(422, f"the {fmt} file is truncated or corrupt") from None
-    if fmt == "JPEG" and not _jpeg_complete(src_path):
+    if fmt == "JPEG" and not jpeg_complete(src_path):
         raise IntakeError(422, "the JPEG file is truncated (no end-of-image marker)")
 
     dataset = Path(job_dir) / "dataset"

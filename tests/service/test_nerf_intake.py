@@ -398,8 +398,8 @@ def test_unknown_colmap_camera_model(tmp_path, blender):
 
 
 def test_unknown_ngp_camera_model(tmp_path, blender):
-    files = to_ngp(blender, camera_model="OPENCV_FISHEYE")
-    refused(tmp_path, zip_bytes(files), 422, "OPENCV_FISHEYE", "not supported")
+    files = to_ngp(blender, camera_model="EQUIRECTANGULAR")
+    refused(tmp_path, zip_bytes(files), 422, "EQUIRECTANGULAR", "not supported")
 
 
 def test_colmap_wrong_parameter_count(tmp_path, blender):
@@ -407,7 +407,7 @@ def test_colmap_wrong_parameter_count(tmp_path, blender):
         tmp_path,
         zip_bytes(to_colmap(blender, "PINHOLE", params="100 16 16")),
         422,
-        "PINHOLE needs 4",
+        "COLMAP model in sparse/0 is unreadable",
     )
 
 

@@ -22,7 +22,7 @@ from worker.splat.ssim import ssim
 from worker.splat.trainer import SplatTrainer, read_points3d
 
 SIZE = 32
-POINTS = "# 3D point list\n1 0.1 0.2 0.3 255 0 0 0.5 1 2\n2 -0.4 0.0 0.25 0 255 0 0.1\n3 0.0 -0.3 -0.2 0 0 255 0.2\n"
+POINTS = "# 3D point list\n1 0.1 0.2 0.3 255 0 0 0.5\n2 -0.4 0.0 0.25 0 255 0 0.1\n3 0.0 -0.3 -0.2 0 0 255 0.2\n"
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_points3d_init_without_points_and_bad_points_are_422(tmp_path, blender):
     bad = {**to_colmap(blender), "sparse/0/points3D.txt": b"1 0.1 zero 0.3 255 0 0 0.5\n"}
     with pytest.raises(IntakeError) as e:
         intake(tmp_path, bad)
-    assert e.value.status_code == 422 and "line 1" in e.value.detail
+    assert e.value.status_code == 422 and "sparse/0 is unreadable" in e.value.detail, e.value.detail
 
 
 @pytest.fixture
