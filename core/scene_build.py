@@ -184,9 +184,7 @@ def _place_mask(f: SceneFrame, src: _Source, size: tuple[int, int], out_dir: Pat
             m = m if m.ndim == 2 else m[..., 0]
         else:
             with _open(f.mask) as im:
-                # The alpha channel is the mask when there is one (nerfstudio writes RGBA masks).
-                band = im.getchannel("A") if im.mode in ("RGBA", "LA") else im.convert("L")
-                m = np.asarray(band)
+                m = np.asarray(im.convert("L"))
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
         raise SceneError(f"{what} is unreadable (not a PNG, JPEG or WebP file)") from None
     if m.shape != (src.h, src.w):
