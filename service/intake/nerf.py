@@ -13,5 +13,5 @@ def validate_upload(
     src_path: Path, filename: str, config: dict[str, Any] | None, job_dir: Path, settings
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     return validate_scene_upload(
-        src_path, filename, config, job_dir, settings, kind="nerf", config_model=NerfConfig
+        src_path, filename, config, job_dir, settings, config_model=NerfConfig
     )

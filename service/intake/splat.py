@@ -26,7 +26,6 @@ def validate_upload(
         config,
         job_dir,
         settings,
-        kind="splat",
         config_model=SplatConfig,
         keep_points=True,
         check=_check,

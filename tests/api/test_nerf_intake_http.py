@@ -50,6 +50,7 @@ def test_upload_is_validated_into_the_normal_form(api, scene):
         ("slip", 400, "outside"),
         ("missing", 422, "missing"),
         ("bad_config", 422, "steps"),
+        ("both_sizes", 422, "long_side or downscale"),
         ("not_archive", 415, "not a .zip"),
     ],
 )
@@ -62,6 +63,8 @@ def test_bad_uploads_are_refused_and_leave_nothing(api, scene, case, status, wor
         data = zipped({k: v for k, v in scene.items() if k != "train/r_1.png"})
     elif case == "bad_config":
         data, config = zipped(scene), {"steps": -1}
+    elif case == "both_sizes":
+        data, config = zipped(scene), {"long_side": 100, "downscale": 2}
     else:
         data = scene["train/r_0.png"]
     r = api.submit(data, "scene.zip", kind="nerf", config=config)

@@ -444,11 +444,6 @@ def test_invalid_json_and_missing_fov(tmp_path, blender):
     refused(tmp_path, zip_bytes(with_json(blender, "train", meta)), 422, "camera_angle_x")
 
 
-def test_bad_config(tmp_path, blender):
-    refused(tmp_path, zip_bytes(blender), 422, "steps", config={"steps": 0})
-    refused(tmp_path, zip_bytes(blender), 422, "extra", config={"no_such_option": 1})
-
-
 def test_not_an_archive_and_empty(tmp_path, blender):
     refused(tmp_path, blender["train/r_0.png"], 415, "not a .zip")
     refused(tmp_path, b"", 422, "empty")

@@ -204,13 +204,3 @@ def test_training_size_from_config_and_settings(tmp_path, blender):
     settings = Settings(data_dir=tmp_path, train_long_side=20)
     _, summary, _, _ = run_intake(tmp_path / "b", zip_bytes(blender), settings=settings)
     assert summary["sizes"] == ["20x20"]
-    refused(
-        tmp_path,
-        zip_bytes(blender),
-        422,
-        "long_side or downscale",
-        config={
-            "long_side": 100,
-            "downscale": 2,
-        },
-    )

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from core.scene_build import SceneFrame, write_scene
 from core.scene_format import SceneError
@@ -20,14 +20,10 @@ from service.intake.scene.formats import parse_dataset
 from service.intake.scene.images import inspect_image, resolve_intrinsics
 
 
-def parse_config(model: type[BaseModel], config: dict[str, Any] | None, kind: str) -> BaseModel:
-    try:
-        return model.model_validate(config or {})
-    except ValidationError as exc:
-        msg = "; ".join(
-            f"{'.'.join(str(x) for x in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()
-        )
-        raise IntakeError(422, f"invalid {kind} config: {msg}") from None
+def effective_config(model: type[BaseModel], config: dict[str, Any] | None) -> BaseModel:
+    """The job config as a model. The API validated it already (service/api/routes/jobs.py
+    `_parse_config`, the one validation); keys a direct caller leaves out take their defaults."""
+    return model.model_construct(**(config or {}))
 
 
 def build_dataset(
@@ -89,7 +85,6 @@ def validate_scene_upload(
     job_dir: Path,
     settings,
     *,
-    kind: str,
     config_model: type[BaseModel],
     keep_points: bool = False,
     check: Callable[[BaseModel, dict], None] | None = None,
@@ -100,7 +95,7 @@ def validate_scene_upload(
     cannot train. Raises IntakeError; on error nothing is left but the caller's upload (the
     extraction, scratch files and a partial dataset are removed).
     """
-    cfg = parse_config(config_model, config, kind)
+    cfg = effective_config(config_model, config)
     settings = settings or get_settings()
     job_dir = Path(job_dir).resolve()
     work = job_dir / "upload" / "extracted"
