@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +113,13 @@ def test_corrupt_binary_model_is_422(tmp_path, blender):
     files = colmap_binary(blender)
     files["sparse/0/images.bin"] = files["sparse/0/images.bin"][:40]
     refused(tmp_path, zip_bytes(files), 422, "sparse/0", "unreadable")
+    # A header that asks for 2^28 points of one image (6 GiB): refused, the API process untouched.
+    files["sparse/0/images.bin"] = (
+        struct.pack("<QI7dI", 1, 1, 1, 0, 0, 0, 0, 0, 0, 1)
+        + b"a.png\x00"
+        + struct.pack("<Q", 2**28)
+    )
+    refused(tmp_path, zip_bytes(files), 422, "sparse/0", "more memory")
     files = colmap_binary(blender, "FULL_OPENCV", extra=(0.0,) * 8)
     refused(tmp_path, zip_bytes(files), 422, "FULL_OPENCV", "not supported")
 

@@ -46,10 +46,6 @@ class ColmapModel:
     points_rgb: np.ndarray  # (N, 3) uint8
 
 
-def _limit_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY_BYTES, CHILD_MEMORY_BYTES))
-
-
 def read_model(model_dir: Path, work_dir: Path, where: str) -> ColmapModel:
     """Read the model in `model_dir` (files of one kind: *.txt or *.bin); `work_dir` receives the
     child's output and is removed by the caller. IntakeError names `where` on failure."""
@@ -63,7 +59,6 @@ def read_model(model_dir: Path, work_dir: Path, where: str) -> ColmapModel:
             text=True,
             timeout=CHILD_TIMEOUT_S,
             env=env,
-            preexec_fn=_limit_memory,
         )
     except subprocess.TimeoutExpired:
         raise IntakeError(422, f"the COLMAP model in {where} took too long to read") from None
@@ -135,6 +130,8 @@ def _child(model_dir: str, out_dir: str) -> None:
 
 
 if __name__ == "__main__":
+    # Set here rather than in a preexec_fn: the API forks this from a thread pool.
+    resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY_BYTES, CHILD_MEMORY_BYTES))
     try:
         _child(sys.argv[1], sys.argv[2])
     except MemoryError:
