@@ -15,6 +15,10 @@ RENDER_QUEUE = "render"
 TASK_TRAIN = "nf.train"
 TASK_RENDER = "nf.render"
 TASK_RENDER_PATH = "nf.render_path"
+# Exports share the render workers: they already hold trained models, and a deployment needs no
+# new worker to offer them. The task publishes no result (state lives in <job>/exports/).
+TASK_EXPORT = "nf.export"
+EXPORT_QUEUE = RENDER_QUEUE
 
 
 def broker_dirs(settings: Settings) -> dict[str, Any]:
@@ -39,6 +43,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_routes": {
             TASK_TRAIN: {"queue": TRAIN_QUEUE},
             "nf.render*": {"queue": RENDER_QUEUE},
+            TASK_EXPORT: {"queue": EXPORT_QUEUE},
         },
         "task_default_queue": TRAIN_QUEUE,
         # A training survives a worker crash: the message is acked only when the task ends,

@@ -49,6 +49,11 @@ class Settings(BaseSettings):
     max_path_pixels: int = Field(
         100_000_000, gt=0, description="frames*width*height cap for one path render"
     )
+    # 512^3 density queries take minutes on a CPU worker and ~1 GiB of grid; meshes past it are
+    # mostly triangles smaller than the field's own detail.
+    max_export_resolution: int = Field(
+        512, ge=16, description="cap of a mesh export's marching-cubes resolution (422 past it)"
+    )
 
     # API keys (service/auth.py): `token` or `name:token`, comma separated, and/or one per line in a file.
     api_keys: str | None = Field(

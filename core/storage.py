@@ -56,6 +56,10 @@ class JobPaths:
     def events(self) -> Path:
         return self.root / "events.jsonl"
 
+    @property
+    def exports(self) -> Path:
+        return self.root / "exports"
+
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Readers see the old file or the new one, never half of it."""

@@ -10,7 +10,9 @@ from typing import Any
 from celery import Celery
 
 from core.celery_config import (
+    EXPORT_QUEUE,
     RENDER_QUEUE,
+    TASK_EXPORT,
     TASK_RENDER,
     TASK_RENDER_PATH,
     TASK_TRAIN,
@@ -45,6 +47,11 @@ class TaskQueue:
         # task_id == job_id, so cancelling a queued job can revoke it without extra state.
         self.client.send_task(
             TASK_TRAIN, args=[job_id], queue=TRAIN_QUEUE, task_id=job_id, ignore_result=True
+        )
+
+    def send_export(self, job_id: str, export_id: str) -> None:
+        self.client.send_task(
+            TASK_EXPORT, args=[job_id, export_id], queue=EXPORT_QUEUE, ignore_result=True
         )
 
     def revoke(self, job_id: str) -> None:

@@ -1,4 +1,4 @@
-"""Celery tasks: nf.train, nf.render, nf.render_path. Kind-specific work lives in worker.jobs.<kind>."""
+"""Celery tasks: nf.train, nf.render, nf.render_path, nf.export. Kind-specific work lives in worker.jobs.<kind>."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 from celery.signals import worker_ready
 
 from api_schemas.jobs import JobStatus
-from core.celery_config import TASK_TRAIN, TRAIN_QUEUE
+from core.celery_config import TASK_EXPORT, TASK_TRAIN, TRAIN_QUEUE
 from core.settings import get_settings
 from core.storage import get_storage
 from core.store import JobNotFound, JobStore
@@ -285,3 +285,13 @@ def render(job_id: str, request: dict[str, Any]) -> dict[str, Any]:
 @app.task(name="nf.render_path", acks_late=False)
 def render_path(job_id: str, request: dict[str, Any]) -> dict[str, Any]:
     return _render(job_id, request, "render_path")
+
+
+# -- exports -------------------------------------------------------------------------------
+@app.task(name=TASK_EXPORT, ignore_result=True, acks_late=True)
+def export(job_id: str, export_id: str) -> None:
+    # State lives in <job>/exports/<id>.json (worker/exports), so a redelivery after a crash
+    # simply runs the export again.
+    from worker.exports import execute
+
+    execute(_store(), job_id, export_id, _checkpoint)

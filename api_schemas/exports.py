@@ -1,0 +1,117 @@
+"""Export wire types: what `POST /v1/jobs/{id}/exports` accepts and what it answers.
+
+An export turns a trained scene into a file other tools open (a mesh, a point cloud, a splat
+file). It runs on a worker; the answer is its state, and the file lands in the job's artifacts.
+Everything exported is in the dataset's own world frame (the normalisation is undone)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from api_schemas.jobs import JobKind
+
+
+class ExportFormat(str, Enum):
+    glb = "glb"  # mesh, binary glTF 2.0 with vertex colours
+    ply = "ply"  # mesh, binary PLY with vertex colours
+    obj = "obj"  # mesh, Wavefront OBJ (vertex colours as the common `v x y z r g b` extension)
+    point_cloud = "point_cloud"  # coloured points, binary PLY
+    gaussians = "gaussians"  # the 3D Gaussian splatting reference PLY (all SH coefficients)
+    splat = "splat"  # antimatter15/splat's 32-byte-per-Gaussian layout, for web viewers
+
+
+FORMATS_BY_KIND: dict[JobKind, tuple[ExportFormat, ...]] = {
+    JobKind.nerf: (ExportFormat.glb, ExportFormat.ply, ExportFormat.obj, ExportFormat.point_cloud),
+    JobKind.splat: (ExportFormat.gaussians, ExportFormat.splat, ExportFormat.point_cloud),
+    JobKind.image: (),
+}
+MESH_FORMATS = (ExportFormat.glb, ExportFormat.ply, ExportFormat.obj)
+# The option each format reads; any other option given is refused (422), so a typo or an option
+# of another format never silently exports the default.
+OPTIONS_BY_FORMAT: dict[ExportFormat, tuple[str, ...]] = {
+    **{f: ("resolution", "threshold") for f in MESH_FORMATS},
+    ExportFormat.point_cloud: ("n_points", "min_opacity"),
+    ExportFormat.gaussians: (),
+    ExportFormat.splat: ("min_opacity",),
+}
+DEFAULT_RESOLUTION = 256
+# Density (per normalised length; the scene box is [-1, 1]^3 at aabb_scale 1) of the level set
+# a mesh follows. instant-ngp's default, 2.5 per unit of its [0, 1]^3 cube, is 1.25 here, which
+# on short trainings wraps the floaters around a scene too; at 5 the synthetic scenes' meshes
+# match their analytic bounds within a few hundredths (docs/exports.md).
+DEFAULT_THRESHOLD = 5.0
+DEFAULT_POINTS = 200_000
+
+
+class ExportOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    resolution: int | None = Field(
+        None,
+        ge=16,
+        description=f"mesh: marching-cubes cells along the scene box's side (default "
+        f"{DEFAULT_RESOLUTION}, at most MAX_EXPORT_RESOLUTION)",
+    )
+    threshold: float | None = Field(
+        None,
+        gt=0,
+        description=f"mesh: the density level set extracted, in 1/normalised length (default "
+        f"{DEFAULT_THRESHOLD})",
+    )
+    n_points: int | None = Field(
+        None,
+        ge=1,
+        le=10_000_000,
+        description=f"point_cloud: at most this many points (default {DEFAULT_POINTS})",
+    )
+    min_opacity: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        description="splat jobs: Gaussians fainter than this are left out (default 0.05 for "
+        "point clouds, 0 for .splat files)",
+    )
+
+
+class ExportRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: ExportFormat
+    options: ExportOptions = Field(default_factory=ExportOptions)
+
+
+class ExportStatus(str, Enum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (ExportStatus.succeeded, ExportStatus.failed)
+
+
+class Export(BaseModel):
+    id: str = Field(..., description="the same format and options give the same id")
+    job_id: str
+    format: ExportFormat
+    options: dict[str, Any] = Field(default_factory=dict, description="as given (no defaults)")
+    status: ExportStatus = ExportStatus.queued
+    created_at: datetime
+    updated_at: datetime
+    artifact: str | None = Field(None, description="file name in the job's artifacts when done")
+    url: str | None = Field(None, description="where to download it (the artifact route)")
+    size: int | None = None
+    stats: dict[str, Any] = Field(
+        default_factory=dict,
+        description="what was written: vertices, faces, points, gaussians, bounds (world units)",
+    )
+    error: str | None = None
+
+
+class ExportList(BaseModel):
+    items: list[Export]

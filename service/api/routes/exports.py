@@ -1,0 +1,114 @@
+"""Exports of a trained scene (meshes, point clouds, splat files): validated here, made on a
+worker (`nf.export`), state in `<job>/exports/<id>.json`, the file in the job's artifacts."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
+
+from api_schemas.exports import (
+    FORMATS_BY_KIND,
+    OPTIONS_BY_FORMAT,
+    Export,
+    ExportList,
+    ExportRequest,
+    ExportStatus,
+)
+from api_schemas.jobs import JobStatus
+from core.exports import ExportNotFound, ExportStore
+from core.settings import Settings
+from core.store import JobStore
+from service.api.deps import get_queue, get_settings_dep, get_storage, get_store, load_job
+from service.api.routes.render import rate_limited
+from service.queue import TaskQueue
+
+router = APIRouter(prefix="/v1/jobs", tags=["exports"])
+
+
+def _exports(request: Request) -> ExportStore:
+    return ExportStore(get_storage(request))
+
+
+def _check_options(req: ExportRequest, settings: Settings) -> dict:
+    given = req.options.model_dump(exclude_none=True)
+    allowed = OPTIONS_BY_FORMAT[req.format]
+    extra = sorted(set(given) - set(allowed))
+    if extra:
+        raise HTTPException(
+            422,
+            f"option(s) {', '.join(extra)} do not apply to format {req.format.value!r} "
+            f"(it takes: {', '.join(allowed) or 'no options'})",
+        )
+    res = given.get("resolution")
+    if res is not None and res > settings.max_export_resolution:
+        raise HTTPException(
+            422,
+            f"resolution {res} is over the export limit of {settings.max_export_resolution} "
+            "(MAX_EXPORT_RESOLUTION)",
+        )
+    return given
+
+
+@router.post(
+    "/{job_id}/exports",
+    response_model=Export,
+    status_code=202,
+    summary="Export the trained scene as a mesh, point cloud or splat file (runs on a worker)",
+    dependencies=[Depends(rate_limited)],
+    responses={
+        200: {"description": "this export (same format and options) exists already"},
+        409: {"description": "the job has not succeeded"},
+        422: {"description": "unknown format, a format the job's kind has not, bad options"},
+        503: {"description": "the queue is unreachable"},
+    },
+)
+def create_export(
+    job_id: str,
+    req: ExportRequest,
+    request: Request,
+    response: Response,
+    store: JobStore = Depends(get_store),
+    settings: Settings = Depends(get_settings_dep),
+    queue: TaskQueue = Depends(get_queue),
+) -> Export:
+    job = load_job(store, job_id)
+    formats = FORMATS_BY_KIND.get(job.kind, ())
+    if req.format not in formats:
+        raise HTTPException(
+            422,
+            f"format {req.format.value!r} is not available for {job.kind.value} jobs"
+            + (f"; use one of: {', '.join(f.value for f in formats)}" if formats else ""),
+        )
+    options = _check_options(req, settings)
+    if job.status != JobStatus.succeeded:
+        raise HTTPException(409, f"job is {job.status.value}; exports need a succeeded job")
+    exports = _exports(request)
+    export, created = exports.create_or_get(job.id, req.format, options)
+    response.headers["Location"] = f"/v1/jobs/{job.id}/exports/{export.id}"
+    if not created:
+        response.status_code = 200
+        return export
+    try:
+        queue.send_export(job.id, export.id)
+    except Exception as exc:
+        exports.update(
+            job.id, export.id, status=ExportStatus.failed, error=f"could not queue: {exc}"
+        )
+        raise HTTPException(503, f"the task queue is unreachable: {exc}") from None
+    return export
+
+
+@router.get("/{job_id}/exports", response_model=ExportList, summary="The job's exports")
+def list_exports(job_id: str, request: Request, store: JobStore = Depends(get_store)) -> ExportList:
+    job = load_job(store, job_id)
+    return ExportList(items=_exports(request).list(job.id))
+
+
+@router.get("/{job_id}/exports/{export_id}", response_model=Export, summary="One export's state")
+def get_export(
+    job_id: str, export_id: str, request: Request, store: JobStore = Depends(get_store)
+) -> Export:
+    job = load_job(store, job_id)
+    try:
+        return _exports(request).get(job.id, export_id)
+    except ExportNotFound:
+        raise HTTPException(404, f"job {job.id} has no export {export_id!r}") from None

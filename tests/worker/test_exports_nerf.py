@@ -1,0 +1,190 @@
+"""Exports of a nerf job through the real API and a real Celery worker: a tiny field of one
+sphere (exact ground truth) trains, then meshes (GLB, PLY, OBJ) and a point cloud are made on
+the worker and opened with trimesh, an independent reader. Bad requests get 4xx with a detail."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import zipfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from experiments.synthetic_scene import Scene, Sphere, scene_files
+from tests.support.stack import TEST_KEY, auth_headers, stack_maker
+
+trimesh = pytest.importorskip("trimesh")
+
+CENTER, RADIUS = np.array([0.3, -0.2, 0.1]), 0.6
+SCENE = Scene([Sphere(tuple(CENTER), RADIUS, ((0.9, 0.2, 0.15), (0.2, 0.3, 0.9)), (8, 4))])
+CONFIG = {
+    "steps": 200,
+    "samples_per_step": 8192,
+    "max_rays_per_step": 2048,
+    "log2_hashmap_size": 15,
+    "n_levels": 12,
+    "max_resolution": 512,
+    "occupancy_resolution": 32,
+    "max_samples_per_ray": 192,
+    "n_test_renders": 0,
+}
+RES = 64
+OTHER_KEY = "other-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    with stack_maker(tmp_path_factory) as make:
+        yield make(env={"API_KEYS": f"test:{TEST_KEY},other:{OTHER_KEY}"})
+
+
+@pytest.fixture(scope="module")
+def trained(stack):
+    buf = io.BytesIO()
+    files = scene_files(32, 16, 1, seed=3, scene=SCENE)
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    photos = [
+        np.asarray(Image.open(io.BytesIO(d)).convert("RGBA"), dtype=float)
+        for n, d in files.items()
+        if n.startswith("train/")
+    ]
+    fg = np.concatenate([p[p[..., 3] == 255][:, :3] for p in photos])
+    r = stack.submit(buf.getvalue(), "scene.zip", "nerf", CONFIG, "application/zip")
+    assert r.status_code == 202, r.text
+    job = stack.wait_status(r.json()["id"], "succeeded", "failed", timeout=240)
+    assert job["status"] == "succeeded", f"{job['error']}\n{stack.logs()}"
+    return {**job, "photo_color": fg.mean(0)}
+
+
+def export(stack, job_id: str, body: dict, timeout: float = 120) -> tuple[dict, bytes]:
+    r = stack.client.post(f"/v1/jobs/{job_id}/exports", json=body)
+    assert r.status_code in (200, 202), r.text
+    state = r.json()
+    deadline = time.monotonic() + timeout
+    while state["status"] not in ("succeeded", "failed"):
+        assert time.monotonic() < deadline, f"export stuck: {state}\n{stack.logs()}"
+        time.sleep(0.2)
+        r = stack.client.get(
+            r.headers.get("location") or f"/v1/jobs/{job_id}/exports/{state['id']}"
+        )
+        assert r.status_code == 200, r.text
+        state = r.json()
+    assert state["status"] == "succeeded", f"{state}\n{stack.logs()}"
+    data = stack.client.get(state["url"])
+    assert data.status_code == 200 and len(data.content) == state["size"]
+    return state, data.content
+
+
+def test_meshes_are_closed_coloured_and_in_the_world_frame(stack, trained):
+    lo, hi = CENTER - RADIUS, CENTER + RADIUS
+    meshes = {}
+    for fmt in ("glb", "ply", "obj"):
+        state, data = export(stack, trained["id"], {"format": fmt, "options": {"resolution": RES}})
+        assert state["artifact"].endswith("." + fmt) and state["stats"]["resolution"] == RES
+        mesh = trimesh.load(io.BytesIO(data), file_type=fmt, force="mesh", process=True)
+        assert len(mesh.faces) > 1000, fmt
+        # one cell of the lattice in world units: the tolerance of a level set at this resolution
+        cell = 2.0 / (RES - 1) / trained["dataset"]["normalization"]["scale"]
+        assert mesh.is_watertight, fmt
+        assert np.abs(mesh.bounds[0] - lo).max() < 2 * cell, (fmt, mesh.bounds, lo)
+        assert np.abs(mesh.bounds[1] - hi).max() < 2 * cell, (fmt, mesh.bounds, hi)
+        meshes[fmt] = mesh
+    # colours come from the field: on average what the photos show of the sphere
+    colors = np.asarray(meshes["ply"].visual.vertex_colors)[:, :3].astype(float)
+    assert np.abs(colors.mean(0) - trained["photo_color"]).max() < 25, (colors.mean(0), trained)
+    assert colors.std(0).max() > 10  # not one flat colour
+    # The outer surface lies on the sphere: the farthest vertex in each of 200 directions from
+    # the centre (a level set also wraps cavities inside the solid, where no camera looks).
+    mesh = meshes["glb"]
+    v = mesh.vertices - CENTER
+    r = np.linalg.norm(v, axis=1)
+    k = np.arange(200)
+    z = 1 - (2 * k + 1) / 200
+    phi = k * np.pi * (3 - np.sqrt(5))
+    dirs = np.stack([np.sqrt(1 - z * z) * np.cos(phi), np.sqrt(1 - z * z) * np.sin(phi), z], 1)
+    nearest = np.argmax((v / r[:, None]) @ dirs.T, 1)
+    outer = np.array([r[nearest == i].max() for i in range(200) if (nearest == i).any()])
+    assert np.median(np.abs(outer - RADIUS)) < cell, np.percentile(outer - RADIUS, [5, 50, 95])
+    assert mesh.volume > 0  # faces wind outwards (viewers cull back faces)
+    assert np.allclose(meshes["glb"].bounds, meshes["obj"].bounds, atol=1e-4)
+
+
+def test_point_cloud_lies_on_the_surface(stack, trained):
+    state, data = export(
+        stack, trained["id"], {"format": "point_cloud", "options": {"n_points": 2000}}
+    )
+    cloud = trimesh.load(io.BytesIO(data), file_type="ply")
+    assert isinstance(cloud, trimesh.PointCloud)
+    assert 500 < len(cloud.vertices) <= 2000 and state["stats"]["points"] == len(cloud.vertices)
+    dist = np.linalg.norm(cloud.vertices - CENTER, axis=1)
+    assert np.median(np.abs(dist - RADIUS)) < 0.05
+    assert np.asarray(cloud.colors).shape == (len(cloud.vertices), 4)
+
+
+def test_same_export_twice_is_the_same_export(stack, trained):
+    body = {"format": "glb", "options": {"resolution": RES}}
+    first, _ = export(stack, trained["id"], body)
+    r = stack.client.post(f"/v1/jobs/{trained['id']}/exports", json=body)
+    assert r.status_code == 200 and r.json()["id"] == first["id"]
+    listed = stack.client.get(f"/v1/jobs/{trained['id']}/exports").json()["items"]
+    assert first["id"] in [e["id"] for e in listed]
+    names = [
+        a["name"] for a in stack.client.get(f"/v1/jobs/{trained['id']}/artifacts").json()["items"]
+    ]
+    assert first["artifact"] in names
+
+
+def test_bad_requests(stack, trained):
+    url = f"/v1/jobs/{trained['id']}/exports"
+    cases = [
+        ({"format": "glb", "options": {"resolution": 100_000}}, "MAX_EXPORT_RESOLUTION"),
+        ({"format": "stl"}, "format"),
+        ({"format": "splat"}, "not available for nerf jobs"),
+        ({"format": "glb", "options": {"n_points": 10}}, "n_points"),
+        ({"format": "glb", "options": {"resolution": 4}}, "resolution"),
+        ({"format": "glb", "options": {"threshold": -1}}, "threshold"),
+        ({"format": "glb", "options": {"colour": True}}, "colour"),
+    ]
+    before = stack.client.get(f"{url}").json()["items"]
+    for body, word in cases:
+        r = stack.client.post(url, json=body)
+        assert r.status_code == 422, (body, r.text)
+        assert isinstance(r.json()["detail"], str) and word in r.json()["detail"], (body, r.text)
+    assert stack.client.get(url).json()["items"] == before  # nothing was started
+
+    missing = "00000000-0000-4000-8000-000000000000"
+    assert (
+        stack.client.post(f"/v1/jobs/{missing}/exports", json={"format": "glb"}).status_code == 404
+    )
+    assert stack.client.get(f"/v1/jobs/{missing}/exports").status_code == 404
+    assert stack.client.get(f"{url}/0123456789abcdef").status_code == 404
+    assert stack.client.get(f"{url}/..%2Fjob.json").status_code == 404
+    # another key's job looks exactly like a missing one
+    other = auth_headers(OTHER_KEY)
+    r = stack.client.post(url, json={"format": "glb"}, headers=other)
+    assert r.status_code == 404 and r.json()["detail"]
+    assert stack.client.get(url, headers=other).status_code == 404
+    assert (
+        stack.client.post(url, json={"format": "glb"}, headers={"Authorization": ""}).status_code
+        == 401
+    )
+
+
+def test_no_surface_fails_with_a_reason(stack, trained):
+    body = {"format": "ply", "options": {"resolution": 16, "threshold": 1e9}}
+    r = stack.client.post(f"/v1/jobs/{trained['id']}/exports", json=body)
+    assert r.status_code == 202, r.text
+    eid = r.json()["id"]
+    deadline = time.monotonic() + 60
+    while (state := stack.client.get(f"/v1/jobs/{trained['id']}/exports/{eid}").json())[
+        "status"
+    ] not in ("succeeded", "failed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert state["status"] == "failed" and "threshold" in state["error"], state
+    assert json.dumps(state)  # the state is plain JSON for clients

@@ -1,0 +1,125 @@
+"""Exports of trained scenes (task `nf.export`): meshes and point clouds of nerf jobs, the 3DGS
+PLY, `.splat` files and point clouds of splat jobs. The API has validated the format against the
+job's kind and the options against the format (api_schemas/exports.py); state is kept in
+`<job>/exports/<id>.json` (core/exports.py) and the file is written to the job's artifacts."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from api_schemas.exports import (
+    DEFAULT_POINTS,
+    DEFAULT_RESOLUTION,
+    DEFAULT_THRESHOLD,
+    MESH_FORMATS,
+    ExportFormat,
+    ExportStatus,
+)
+from core.exports import ExportNotFound, ExportStore
+from core.storage import atomic_write_bytes
+from core.store import JobNotFound, JobStore
+from worker.exports.common import ExportError
+
+log = logging.getLogger(__name__)
+SPLAT_POINT_MIN_OPACITY = 0.05
+STEMS = {
+    ExportFormat.glb: ("mesh", "glb"),
+    ExportFormat.ply: ("mesh", "ply"),
+    ExportFormat.obj: ("mesh", "obj"),
+    ExportFormat.point_cloud: ("points", "ply"),
+    ExportFormat.gaussians: ("gaussians", "ply"),
+    ExportFormat.splat: ("scene", "splat"),
+}
+
+
+def artifact_name(export_id: str, fmt: ExportFormat) -> str:
+    stem, ext = STEMS[fmt]
+    return f"{stem}-{export_id[:8]}.{ext}"
+
+
+def _nerf(job, checkpoint, paths, fmt: ExportFormat, options: dict[str, Any]):
+    from worker.jobs.nerf import _model_for
+
+    model, _ = _model_for(checkpoint)
+    if fmt in MESH_FORMATS:
+        from worker.exports.nerf_mesh import mesh_export
+
+        defaults = {"resolution": DEFAULT_RESOLUTION, "threshold": DEFAULT_THRESHOLD}
+        return mesh_export(model, fmt.value, options, defaults)
+    from worker.exports.nerf_points import nerf_point_cloud
+    from worker.nerf.data import Dataset, read_meta
+
+    dataset = Dataset(paths.dataset, "train", read_meta(paths.dataset))
+    return nerf_point_cloud(model, dataset, int(options.get("n_points", DEFAULT_POINTS)))
+
+
+def _splat(job, checkpoint, paths, fmt: ExportFormat, options: dict[str, Any]):
+    from worker.exports.splat_files import splat_bytes, splat_point_cloud
+    from worker.jobs.splat import _model_for
+
+    model, _ = _model_for(checkpoint)
+    if fmt == ExportFormat.gaussians:
+        from worker.splat.ply import ply_bytes
+
+        return ply_bytes(model.params, model.normalization), {
+            "gaussians": len(model.params["means"])
+        }
+    if fmt == ExportFormat.splat:
+        data, n = splat_bytes(model.params, model.normalization, options.get("min_opacity", 0.0))
+        return data, {"gaussians": n}
+    return splat_point_cloud(
+        model.params,
+        model.normalization,
+        int(options.get("n_points", DEFAULT_POINTS)),
+        float(options.get("min_opacity", SPLAT_POINT_MIN_OPACITY)),
+    )
+
+
+MAKERS: dict[str, Callable] = {"nerf": _nerf, "splat": _splat}
+
+
+def short_error(exc: BaseException) -> str:
+    if isinstance(exc, ExportError):
+        return str(exc)
+    msg = str(exc).strip()
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+def execute(store: JobStore, job_id: str, export_id: str, load_checkpoint: Callable) -> None:
+    """Run one export to the end: running -> succeeded (artifact written) or failed (error)."""
+    exports = ExportStore(store.storage)
+    try:
+        job = store.get(job_id)
+        export = exports.get(job_id, export_id)
+    except (JobNotFound, ExportNotFound, ValueError):
+        log.warning("nf.export: job %s has no export %s (deleted?)", job_id, export_id)
+        return
+    if export.status == ExportStatus.succeeded:
+        return  # a redelivery of a finished export
+    exports.update(job_id, export_id, status=ExportStatus.running, error=None)
+    paths = store.storage.paths(job_id)
+    try:
+        maker = MAKERS.get(job.kind.value)
+        if maker is None:
+            raise ExportError(f"{job.kind.value} jobs have no exports")
+        data, stats = maker(
+            job, load_checkpoint(job_id, paths), paths, export.format, export.options
+        )
+        name = artifact_name(export_id, export.format)
+        atomic_write_bytes(paths.artifacts / name, data)
+    except Exception as exc:
+        if not isinstance(exc, ExportError):
+            log.exception("export %s of job %s failed", export_id, job_id)
+        exports.update(job_id, export_id, status=ExportStatus.failed, error=short_error(exc))
+        return
+    exports.update(
+        job_id,
+        export_id,
+        status=ExportStatus.succeeded,
+        artifact=name,
+        url=f"/v1/jobs/{job_id}/artifacts/{name}",
+        size=len(data),
+        stats=stats,
+    )
