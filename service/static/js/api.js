@@ -129,3 +129,13 @@ export async function available(url) {
     ctrl.abort();
   }
 }
+
+// Exports (meshes, point clouds, splat files) are made on a worker: POST answers the export's
+// state (the same one again for the same format and options), GET follows it.
+export async function createExport(id, body) {
+  return (await request("POST", jobUrl(id, "/exports"), { json: body })).json();
+}
+
+export async function getExport(id, exportId) {
+  return (await request("GET", jobUrl(id, `/exports/${encodeURIComponent(exportId)}`))).json();
+}

@@ -3,6 +3,7 @@
 import * as api from "./api.js";
 import { el } from "./dom.js";
 import { LossPlot } from "./plot.js";
+import { SplatViewer } from "./splat_viewer.js";
 import { makeViewer } from "./viewer.js";
 
 const $ = (id) => document.getElementById(id);
@@ -12,6 +13,7 @@ const LIST_EVERY_MS = 2000;
 const CONFIG_EXAMPLES = {
   image: { steps: 2000, encoding: "fourier", resolution: 64 },
   nerf: {},
+  splat: {},
 };
 
 // ---- formatting ----------------------------------------------------------------------
@@ -43,6 +45,7 @@ const fraction = (p) => (p && p.total_steps ? Math.min(1, p.step / p.total_steps
 function setupUpload() {
   const kind = $("kind"), file = $("dataset"), config = $("config"), msg = $("upload-msg");
   const accept = { image: "image/png,image/jpeg,.png,.jpg,.jpeg", nerf: ".zip,.tar,.tar.gz,.tgz,application/zip" };
+  accept.splat = accept.nerf;
   const applyKind = () => {
     file.accept = accept[kind.value] || "";
     const ex = JSON.stringify(CONFIG_EXAMPLES[kind.value] || {});
@@ -137,7 +140,10 @@ async function onFinished(id) {
   showJob(job);
   refreshList();
   if (job.status === "succeeded") {
-    if (!detail.viewer) detail.viewer = makeViewer($("viewer"), job);
+    if (!detail.viewer) {
+      // splat jobs are drawn in the browser from their .splat export; other kinds by the server
+      detail.viewer = job.kind === "splat" ? new SplatViewer($("viewer"), job) : makeViewer($("viewer"), job);
+    }
     offerCheckpoint(job);
   }
 }

@@ -45,7 +45,7 @@ export function datasetSize(job) {
   return [r, r];
 }
 
-function fitSize([w, h], longest) {
+export function fitSize([w, h], longest) {
   const s = longest / Math.max(w, h);
   return [Math.max(1, Math.round(w * s)), Math.max(1, Math.round(h * s))];
 }
@@ -106,11 +106,11 @@ const dot = (a, b) => a.reduce((s, v, i) => s + v * b[i], 0);
 const cross = (a, b) => [a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]];
 const norm = (a) => scale(a, 1 / Math.hypot(...a));
 
-const UPS = { "+z": [0, 0, 1], "+y": [0, 1, 0], "-y": [0, -1, 0] };
+export const UPS = { "+z": [0, 0, 1], "+y": [0, 1, 0], "-y": [0, -1, 0] };
 
 // Starting view from what intake recorded: look at the normalisation centre from outside
 // the unit box, as the training cameras do.
-function initialOrbit(job) {
+export function initialOrbit(job) {
   const d = job.dataset || {};
   const n = d.normalization || {};
   const target = Array.isArray(n.offset) && n.offset.length === 3 ? n.offset.map(Number) : [0, 0, 0];

@@ -1,0 +1,418 @@
+// Splat jobs in the browser: the job's `.splat` export (antimatter15/splat's layout, 32 bytes
+// per Gaussian) drawn with WebGL2 on the client, so orbiting needs no server round trip.
+//
+// The projection and compositing follow the server's rasteriser (kernels/splat_project.py,
+// kernels/splat.py): EWA projection with the Jacobian's view direction clamped to 1.3x the half
+// field of view, a 0.3 px^2 dilation, alpha = min(0.99, o * exp(-d^T conic d / 2)), splats under
+// 1/255 skipped, sorted by view depth and blended back to front over the background. What the
+// file drops is view-dependent colour (only the SH DC band is stored) and precision (8-bit
+// colour, opacity and rotation).
+
+import * as api from "./api.js";
+import { el } from "./dom.js";
+import { datasetSize, fitSize, initialOrbit, UPS } from "./viewer.js";
+
+export const BYTES_PER_SPLAT = 32;
+const ROW = 1024; // splats per texture row (3 texels each)
+const MAX_SIDE = 512;
+
+// ---- the file ------------------------------------------------------------------------
+
+// .splat bytes -> centres (3n), 3D covariances (6n: xx xy xz yy yz zz) and packed RGBA (n).
+export function parseSplat(buffer) {
+  if (buffer.byteLength % BYTES_PER_SPLAT) throw new Error(".splat size is not a multiple of 32 bytes");
+  const n = buffer.byteLength / BYTES_PER_SPLAT;
+  const f = new Float32Array(buffer);
+  const u8 = new Uint8Array(buffer);
+  const u32 = new Uint32Array(buffer);
+  const pos = new Float32Array(3 * n), cov = new Float32Array(6 * n), rgba = new Uint32Array(n);
+  for (let i = 0; i < n; i++) {
+    const fo = 8 * i, bo = 32 * i;
+    pos[3 * i] = f[fo]; pos[3 * i + 1] = f[fo + 1]; pos[3 * i + 2] = f[fo + 2];
+    const sx = f[fo + 3], sy = f[fo + 4], sz = f[fo + 5];
+    rgba[i] = u32[fo + 6];
+    let w = (u8[bo + 28] - 128) / 128, x = (u8[bo + 29] - 128) / 128;
+    let y = (u8[bo + 30] - 128) / 128, z = (u8[bo + 31] - 128) / 128;
+    const qn = Math.hypot(w, x, y, z) || 1;
+    w /= qn; x /= qn; y /= qn; z /= qn;
+    // M = R S (rows of R scaled per column), covariance = M M^T
+    const m = [
+      (1 - 2 * (y * y + z * z)) * sx, 2 * (x * y - w * z) * sy, 2 * (x * z + w * y) * sz,
+      2 * (x * y + w * z) * sx, (1 - 2 * (x * x + z * z)) * sy, 2 * (y * z - w * x) * sz,
+      2 * (x * z - w * y) * sx, 2 * (y * z + w * x) * sy, (1 - 2 * (x * x + y * y)) * sz,
+    ];
+    const dot = (r, s) => m[3 * r] * m[3 * s] + m[3 * r + 1] * m[3 * s + 1] + m[3 * r + 2] * m[3 * s + 2];
+    const c = 6 * i;
+    cov[c] = dot(0, 0); cov[c + 1] = dot(0, 1); cov[c + 2] = dot(0, 2);
+    cov[c + 3] = dot(1, 1); cov[c + 4] = dot(1, 2); cov[c + 5] = dot(2, 2);
+  }
+  return { n, pos, cov, rgba };
+}
+
+// ---- cameras -------------------------------------------------------------------------
+
+const sub = (a, b) => a.map((v, i) => v - b[i]);
+const cross = (a, b) => [a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]];
+const unit = (a) => { const l = Math.hypot(...a); return a.map((v) => v / l); };
+
+// c2w (rows, OpenGL axes) of a camera at eye looking at target, as worker/cameras.py look_at.
+export function lookAt(eye, target, up) {
+  const fwd = unit(sub(target, eye));
+  const right = unit(cross(fwd, up));
+  const camUp = cross(right, fwd);
+  return [
+    [right[0], camUp[0], -fwd[0], eye[0]],
+    [right[1], camUp[1], -fwd[1], eye[1]],
+    [right[2], camUp[2], -fwd[2], eye[2]],
+    [0, 0, 0, 1],
+  ];
+}
+
+// World -> OpenCV camera (x right, y down, z forward) as a column-major mat4.
+function viewMatrix(c2w) {
+  const r = [0, 1, 2].map((i) => [0, 1, 2].map((j) => c2w[j][i] * (i === 0 ? 1 : -1))); // diag(1,-1,-1) R^T
+  const t = [0, 1, 2].map((i) => -(r[i][0] * c2w[0][3] + r[i][1] * c2w[1][3] + r[i][2] * c2w[2][3]));
+  return new Float32Array([
+    r[0][0], r[1][0], r[2][0], 0,
+    r[0][1], r[1][1], r[2][1], 0,
+    r[0][2], r[1][2], r[2][2], 0,
+    t[0], t[1], t[2], 1,
+  ]);
+}
+
+// ---- WebGL2 --------------------------------------------------------------------------
+
+const VERTEX = `#version 300 es
+precision highp float;
+precision highp int;
+uniform highp usampler2D u_data;
+uniform mat4 u_view;
+uniform vec4 u_intr;   // fx, fy, cx, cy
+uniform vec2 u_size;   // width, height (pixels)
+in vec2 a_corner;
+in uint a_index;
+out vec4 v_color;
+out vec3 v_conic;
+out vec2 v_d;
+void main() {
+  gl_Position = vec4(2.0, 2.0, 2.0, 1.0);  // culled unless set below
+  int i = int(a_index);
+  ivec2 base = ivec2((i % ${ROW}) * 3, i / ${ROW});
+  uvec4 t0 = texelFetch(u_data, base, 0);
+  uvec4 t1 = texelFetch(u_data, base + ivec2(1, 0), 0);
+  uvec4 t2 = texelFetch(u_data, base + ivec2(2, 0), 0);
+  vec3 p = (u_view * vec4(uintBitsToFloat(t0.xyz), 1.0)).xyz;
+  if (p.z <= 0.05) return;  // the server's near plane
+  vec4 rgba = vec4(t0.w & 255u, (t0.w >> 8) & 255u, (t0.w >> 16) & 255u, t0.w >> 24) / 255.0;
+  float q = 2.0 * log(rgba.a * 255.0);  // alpha >= 1/255 only inside d^T conic d <= q
+  if (q <= 0.0) return;
+  vec4 c1 = uintBitsToFloat(t1);
+  vec2 c2 = uintBitsToFloat(t2.xy);
+  mat3 sigma = mat3(c1.x, c1.y, c1.z, c1.y, c1.w, c2.x, c1.z, c2.x, c2.y);
+  float fx = u_intr.x, fy = u_intr.y;
+  vec2 lim = 1.3 * 0.5 * u_size / vec2(fx, fy);
+  float tx = clamp(p.x / p.z, -lim.x, lim.x) * p.z;
+  float ty = clamp(p.y / p.z, -lim.y, lim.y) * p.z;
+  mat3 jac = mat3(fx / p.z, 0.0, 0.0, 0.0, fy / p.z, 0.0,
+                  -fx * tx / (p.z * p.z), -fy * ty / (p.z * p.z), 0.0);
+  mat3 t = jac * mat3(u_view);
+  mat3 cov = t * sigma * transpose(t);
+  float a = cov[0][0] + 0.3, b = cov[0][1], c = cov[1][1] + 0.3;
+  float det = a * c - b * b;
+  if (det <= 0.0) return;
+  vec2 mean = vec2(fx * p.x / p.z + u_intr.z, fy * p.y / p.z + u_intr.w);
+  v_d = a_corner * sqrt(q * vec2(a, c));
+  vec2 pix = mean + v_d;
+  gl_Position = vec4(2.0 * pix.x / u_size.x - 1.0, 1.0 - 2.0 * pix.y / u_size.y, 0.0, 1.0);
+  v_conic = vec3(c / det, -b / det, a / det);
+  v_color = rgba;
+}`;
+
+const FRAGMENT = `#version 300 es
+precision highp float;
+in vec4 v_color;
+in vec3 v_conic;
+in vec2 v_d;
+out vec4 o;
+void main() {
+  float power = -0.5 * (v_conic.x * v_d.x * v_d.x + v_conic.z * v_d.y * v_d.y) - v_conic.y * v_d.x * v_d.y;
+  if (power > 0.0) discard;
+  float alpha = min(0.99, v_color.a * exp(power));
+  if (alpha < 1.0 / 255.0) discard;
+  o = vec4(v_color.rgb * alpha, alpha);
+}`;
+
+function compile(gl, type, src) {
+  const s = gl.createShader(type);
+  gl.shaderSource(s, src);
+  gl.compileShader(s);
+  if (!gl.getShaderParameter(s, gl.COMPILE_STATUS)) throw new Error(gl.getShaderInfoLog(s));
+  return s;
+}
+
+export class SplatRenderer {
+  constructor(canvas) {
+    // preserveDrawingBuffer: the frame stays readable (screenshots, toDataURL) after compositing
+    const gl = canvas.getContext("webgl2", { antialias: false, alpha: false, preserveDrawingBuffer: true });
+    if (!gl) throw new Error("this browser has no WebGL2");
+    this.gl = gl;
+    this.canvas = canvas;
+    const prog = gl.createProgram();
+    gl.attachShader(prog, compile(gl, gl.VERTEX_SHADER, VERTEX));
+    gl.attachShader(prog, compile(gl, gl.FRAGMENT_SHADER, FRAGMENT));
+    gl.linkProgram(prog);
+    if (!gl.getProgramParameter(prog, gl.LINK_STATUS)) throw new Error(gl.getProgramInfoLog(prog));
+    this.prog = prog;
+    this.loc = Object.fromEntries(["u_data", "u_view", "u_intr", "u_size"].map((k) => [k, gl.getUniformLocation(prog, k)]));
+    this.vao = gl.createVertexArray();
+    gl.bindVertexArray(this.vao);
+    const quad = gl.createBuffer();
+    gl.bindBuffer(gl.ARRAY_BUFFER, quad);
+    gl.bufferData(gl.ARRAY_BUFFER, new Float32Array([-1, -1, 1, -1, -1, 1, 1, 1]), gl.STATIC_DRAW);
+    const aCorner = gl.getAttribLocation(prog, "a_corner");
+    gl.enableVertexAttribArray(aCorner);
+    gl.vertexAttribPointer(aCorner, 2, gl.FLOAT, false, 0, 0);
+    this.indexBuf = gl.createBuffer();
+    gl.bindBuffer(gl.ARRAY_BUFFER, this.indexBuf);
+    const aIndex = gl.getAttribLocation(prog, "a_index");
+    gl.enableVertexAttribArray(aIndex);
+    gl.vertexAttribIPointer(aIndex, 1, gl.UNSIGNED_INT, 0, 0);
+    gl.vertexAttribDivisor(aIndex, 1);
+    this.tex = gl.createTexture();
+    this.n = 0;
+    this.frames = 0;
+  }
+
+  setData({ n, pos, cov, rgba }) {
+    const gl = this.gl;
+    const rows = Math.max(1, Math.ceil(n / ROW));
+    const texels = new Uint32Array(ROW * 3 * rows * 4);
+    const fbits = new Uint32Array(pos.buffer), cbits = new Uint32Array(cov.buffer);
+    for (let i = 0; i < n; i++) {
+      const o = 12 * i; // 3 texels x 4 channels; texel order matches the shader's base + k
+      texels[o] = fbits[3 * i]; texels[o + 1] = fbits[3 * i + 1]; texels[o + 2] = fbits[3 * i + 2];
+      texels[o + 3] = rgba[i];
+      for (let k = 0; k < 6; k++) texels[o + 4 + k] = cbits[6 * i + k];
+    }
+    gl.bindTexture(gl.TEXTURE_2D, this.tex);
+    gl.texImage2D(gl.TEXTURE_2D, 0, gl.RGBA32UI, ROW * 3, rows, 0, gl.RGBA_INTEGER, gl.UNSIGNED_INT, texels);
+    gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_MIN_FILTER, gl.NEAREST);
+    gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_MAG_FILTER, gl.NEAREST);
+    this.n = n;
+    this.pos = pos;
+    this.order = new Uint32Array(n);
+    this.depthKeys = new Float32Array(n);
+    this.counts = new Uint32Array(65537);
+  }
+
+  // Far to near by depth along the view axis: a counting sort on 16-bit keys (O(n) per frame,
+  // as antimatter15/splat's worker does).
+  sort(view) {
+    const { n, pos, depthKeys: z, counts, order } = this;
+    let lo = Infinity, hi = -Infinity;
+    for (let i = 0; i < n; i++) {
+      const d = view[2] * pos[3 * i] + view[6] * pos[3 * i + 1] + view[10] * pos[3 * i + 2] + view[14];
+      z[i] = d;
+      if (d < lo) lo = d;
+      if (d > hi) hi = d;
+    }
+    const scale = hi > lo ? 65535 / (hi - lo) : 0;
+    counts.fill(0);
+    const keys = new Uint16Array(n);
+    for (let i = 0; i < n; i++) {
+      keys[i] = 65535 - Math.floor((z[i] - lo) * scale); // far first
+      counts[keys[i] + 1]++;
+    }
+    for (let k = 1; k <= 65536; k++) counts[k] += counts[k - 1];
+    for (let i = 0; i < n; i++) order[counts[keys[i]]++] = i;
+    const gl = this.gl;
+    gl.bindBuffer(gl.ARRAY_BUFFER, this.indexBuf);
+    gl.bufferData(gl.ARRAY_BUFFER, order, gl.DYNAMIC_DRAW);
+  }
+
+  // cam: {c2w (4x4 rows, world frame, OpenGL axes), fx, fy, cx, cy, width, height, background}
+  draw(cam) {
+    const gl = this.gl;
+    if (this.canvas.width !== cam.width) this.canvas.width = cam.width;
+    if (this.canvas.height !== cam.height) this.canvas.height = cam.height;
+    const view = viewMatrix(cam.c2w);
+    gl.viewport(0, 0, cam.width, cam.height);
+    const [r, g, b] = cam.background;
+    gl.clearColor(r, g, b, 1);
+    gl.clear(gl.COLOR_BUFFER_BIT);
+    if (!this.n) return;
+    this.sort(view);
+    gl.useProgram(this.prog);
+    gl.bindVertexArray(this.vao);
+    gl.activeTexture(gl.TEXTURE0);
+    gl.bindTexture(gl.TEXTURE_2D, this.tex);
+    gl.uniform1i(this.loc.u_data, 0);
+    gl.uniformMatrix4fv(this.loc.u_view, false, view);
+    gl.uniform4f(this.loc.u_intr, cam.fx, cam.fy, cam.cx, cam.cy);
+    gl.uniform2f(this.loc.u_size, cam.width, cam.height);
+    gl.disable(gl.DEPTH_TEST);
+    gl.enable(gl.BLEND);
+    gl.blendFunc(gl.ONE, gl.ONE_MINUS_SRC_ALPHA); // premultiplied, back to front
+    gl.drawArraysInstanced(gl.TRIANGLE_STRIP, 0, 4, this.n);
+    this.frames += 1;
+  }
+
+  dispose() {
+    const gl = this.gl;
+    gl.deleteTexture(this.tex);
+    gl.deleteBuffer(this.indexBuf);
+    gl.deleteProgram(this.prog);
+  }
+}
+
+// ---- the page's viewer for splat jobs -------------------------------------------------
+
+const BACKGROUNDS = { white: [1, 1, 1], black: [0, 0, 0] };
+
+function background(job) {
+  const b = (job.config || {}).background;
+  if (Array.isArray(b) && b.length === 3) return b.map(Number);
+  return BACKGROUNDS[b] || BACKGROUNDS.white;
+}
+
+// The job's .splat export: made on a worker on first use (POST answers the existing one after).
+async function splatExport(jobId, onState) {
+  let state = await api.createExport(jobId, { format: "splat" });
+  while (state.status === "queued" || state.status === "running") {
+    onState(state);
+    await new Promise((r) => setTimeout(r, 300));
+    state = await api.getExport(jobId, state.id);
+  }
+  if (state.status !== "succeeded") throw new Error(state.error || `export ${state.status}`);
+  return state;
+}
+
+export class SplatViewer {
+  constructor(root, job) {
+    this.job = job;
+    this.o = initialOrbit(job);
+    const [w, h] = datasetSize(job);
+    [this.width, this.height] = fitSize([w, h], Math.min(MAX_SIDE, Math.max(w, h)));
+    this.background = background(job);
+    this.disposed = false;
+    this.pending = false;
+    this.canvas = el("canvas", { id: "splat-canvas", width: String(this.width), height: String(this.height) });
+    this.canvas.style.width = `${Math.max(this.width, 400)}px`;
+    this.canvas.nfViewer = this; // scripts and tests reach the viewer through its canvas
+    this.hud = el("span", { class: "hud", id: "splat-hud" }, "");
+    this.msg = el("span", { class: "muted", id: "splat-msg" }, "preparing the .splat file…");
+    this.download = el("a", { class: "button secondary", id: "splat-download", hidden: "" }, "Download .splat");
+    this.stage = el("div", { class: "stage orbit", title: "drag or arrow keys to orbit, scroll or +/- to zoom" }, this.canvas, this.hud);
+    root.replaceChildren(
+      el("h3", {}, "Viewer (Gaussians drawn in this browser)"),
+      this.stage,
+      el("div", { class: "controls" }, this.msg, this.download),
+    );
+    this.fpsWindow = [];
+    this.ready = this.load();
+  }
+
+  async load() {
+    try {
+      const state = await splatExport(this.job.id, (s) => { this.msg.textContent = `export ${s.status}…`; });
+      const blob = await api.download(state.url);
+      if (this.disposed) return;
+      this.renderer = new SplatRenderer(this.canvas);
+      this.renderer.setData(parseSplat(await blob.arrayBuffer()));
+      this.download.href = state.url;
+      this.download.onclick = async (ev) => {
+        ev.preventDefault();
+        const a = el("a", { href: URL.createObjectURL(blob), download: `${this.job.id}.splat` });
+        a.click();
+      };
+      this.download.hidden = false;
+      this.msg.textContent = `${this.renderer.n} Gaussians · drag to orbit, scroll to zoom`;
+      this.bindPointer();
+      this.drawNow();
+      this.canvas.dataset.ready = "1";
+    } catch (err) {
+      this.msg.textContent = `splat viewer unavailable: ${err.message}`;
+      this.msg.className = "error";
+    }
+  }
+
+  camera(c2w, fovXDeg, width = this.width, height = this.height) {
+    const fx = (0.5 * width) / Math.tan((fovXDeg * Math.PI) / 360);
+    return { c2w, fx, fy: fx, cx: width / 2, cy: height / 2, width, height, background: this.background };
+  }
+
+  orbitC2w() {
+    const up = UPS[this.o.upKey];
+    const seed = Math.abs(up[0]) < 0.9 ? [1, 0, 0] : [0, 1, 0];
+    const d = seed[0] * up[0] + seed[1] * up[1] + seed[2] * up[2];
+    const a = unit(seed.map((v, i) => v - d * up[i]));
+    const b = cross(up, a);
+    const { azimuth: az, elevation: e, radius: r } = this.o;
+    const dir = [0, 1, 2].map((i) => (a[i] * Math.cos(az) + b[i] * Math.sin(az)) * Math.cos(e) + up[i] * Math.sin(e));
+    const eye = dir.map((v, i) => this.o.target[i] + r * v);
+    return lookAt(eye, this.o.target, up);
+  }
+
+  drawNow(cam) {
+    if (!this.renderer || this.disposed) return;
+    const t0 = performance.now();
+    this.renderer.draw(cam || this.camera(this.orbitC2w(), this.o.fov));
+    const ms = performance.now() - t0;
+    this.fpsWindow = [...this.fpsWindow.slice(-29), ms];
+    const mean = this.fpsWindow.reduce((s, v) => s + v, 0) / this.fpsWindow.length;
+    this.hud.textContent = `${this.width}×${this.height} · ${mean.toFixed(1)} ms per frame (client)`;
+  }
+
+  // Draws at most once per animation frame however many pointer events arrive.
+  changed() {
+    if (this.pending) return;
+    this.pending = true;
+    requestAnimationFrame(() => { this.pending = false; this.drawNow(); });
+  }
+
+  // For scripts and tests: draw one view given as a world-frame c2w (OpenGL axes, as render
+  // requests take it) and a horizontal fov, optionally at another size.
+  showPose(c2w, fovXDeg, width, height) {
+    this.drawNow(this.camera(c2w, fovXDeg, width, height));
+  }
+
+  bindPointer() {
+    let last = null;
+    const s = this.stage;
+    s.addEventListener("pointerdown", (ev) => { last = [ev.clientX, ev.clientY]; s.setPointerCapture(ev.pointerId); });
+    s.addEventListener("pointermove", (ev) => {
+      if (!last) return;
+      this.o.azimuth -= (ev.clientX - last[0]) * 0.01;
+      this.o.elevation = Math.max(-1.5, Math.min(1.5, this.o.elevation + (ev.clientY - last[1]) * 0.01));
+      last = [ev.clientX, ev.clientY];
+      this.changed();
+    });
+    const end = () => { last = null; };
+    s.addEventListener("pointerup", end);
+    s.addEventListener("pointercancel", end);
+    s.tabIndex = 0;
+    s.addEventListener("keydown", (ev) => {
+      const o = this.o;
+      const moves = {
+        ArrowLeft: () => { o.azimuth += 0.1; }, ArrowRight: () => { o.azimuth -= 0.1; },
+        ArrowUp: () => { o.elevation = Math.min(1.5, o.elevation + 0.1); },
+        ArrowDown: () => { o.elevation = Math.max(-1.5, o.elevation - 0.1); },
+        "+": () => { o.radius /= 1.1; }, "=": () => { o.radius /= 1.1; }, "-": () => { o.radius *= 1.1; },
+      };
+      if (!moves[ev.key]) return;
+      ev.preventDefault();
+      moves[ev.key]();
+      this.changed();
+    });
+    s.addEventListener("wheel", (ev) => {
+      ev.preventDefault();
+      this.o.radius = Math.max(1e-3, this.o.radius * Math.exp(ev.deltaY * 0.001));
+      this.changed();
+    }, { passive: false });
+  }
+
+  dispose() {
+    this.disposed = true;
+    this.renderer?.dispose();
+  }
+}
