@@ -5,19 +5,11 @@ from __future__ import annotations
 
 import io
 import json
-import zipfile
 
 import pytest
 
 from experiments.synthetic_scene import scene_files
-
-
-def zipped(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, data in files.items():
-            zf.writestr(name, data)
-    return buf.getvalue()
+from tests.service.test_nerf_intake import zip_bytes as zipped
 
 
 @pytest.fixture(scope="module")
