@@ -3,7 +3,7 @@
 See docs/kernels.md for signatures and a training-step example.
 """
 
-from ._ext import KernelBuildError
+from ._ext import KernelBuildError, compiled_available
 from .composite import composite, composite_reference, ray_offsets, render_weights_reference
 from .hash_grid import HashGrid, hash_grid_reference
 from .marching import PackedSamples, march_rays, march_reference
@@ -22,6 +22,7 @@ __all__ = [
     "render_weights_reference",
     "ray_offsets",
     "KernelBuildError",
+    "compiled_available",
     "OccupancyGrid",
     "bitfield_reference",
     "morton3d",

@@ -1,10 +1,16 @@
-"""Builds and loads the compiled backends (JIT, cached).
+"""The one build backend for every compiled extension (JIT, cached).
 
-The CPU extension is one translation unit compiled with g++ -O3 and OpenMP through
-`torch.utils.cpp_extension.load` + ninja. The CUDA extension (only where torch has CUDA)
-compiles the `.cu` launchers plus a torch binding. Build outputs live in `$KERNELS_BUILD_DIR`
-or `<repo>/.kernels-build/`; the module name carries a hash of every source file, so an edited
-header can never be served from a stale cache.
+Each extension (`NERF`, `SPLAT`) has two torch bindings with the same functions: a CPU one
+(one translation unit, g++ -O3 + OpenMP) and a CUDA one (only where torch has CUDA). Both include
+`csrc/binding_checks.h`, so the CPU and CUDA modules refuse the same arguments. The CUDA
+binding links the extension's `.cu` launchers, which this module compiles with nvcc itself: they
+include no torch header, and each source carries its own flags (`--fmad=false` only where bit
+parity with the reference needs it). The CPU binding and the CUDA link go through
+`torch.utils.cpp_extension.load` + ninja.
+
+Build outputs live in `$KERNELS_BUILD_DIR` or `<repo>/.kernels-build/`, one folder per source
+version: the module name carries a hash of every file and flag of the extension, so an edited
+header is never served from a stale cache.
 """
 
 from __future__ import annotations
@@ -12,34 +18,94 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import sys
+import subprocess
 import sysconfig
 import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-CPU_SOURCES = ["cpu_ops.cpp"]
-CUDA_SOURCES = [
-    "cuda_binding.cpp",
-    "hash_grid.cu",
-    "sh.cu",
-    "composite.cu",
-    "occupancy.cu",
-    "marching.cu",
-]
-HEADERS = [
-    "common.h",
-    "hash_grid.h",
-    "sh.h",
-    "composite.h",
-    "occupancy.h",
-    "marching.h",
-    "launchers.h",
-    "cuda_common.cuh",
-]
+
+# -ffp-contract=off: no fused multiply-add, so cell indices, march positions and early stops round
+# like the pure-torch references. No -march=native: the images run on other machines.
+CPU_CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")
+CPU_LDFLAGS = ("-fopenmp",)
+NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC")
+# The CUDA counterpart of -ffp-contract=off, for the sources whose results must equal the reference
+# bit for bit (march positions, occupancy cells); elsewhere FMA is faster and as accurate.
+EXACT_FLAGS = ("--fmad=false",)
+
+
+@dataclass(frozen=True)
+class CudaSource:
+    """One `.cu` file; `exact` compiles it without FMA contraction."""
+
+    name: str
+    exact: bool = False
+
+    def flags(self) -> tuple[str, ...]:
+        return NVCC_FLAGS + (EXACT_FLAGS if self.exact else ())
+
+
+@dataclass(frozen=True)
+class Extension:
+    """A compiled extension: its CPU binding, its CUDA binding and the launchers that links."""
+
+    name: str
+    cpu_binding: str
+    cuda_binding: str
+    cuda_sources: tuple[CudaSource, ...]
+
+    def files(self) -> list[str]:
+        # Every header counts: the bindings share binding_checks.h, which includes the others.
+        headers = {p.name for p in CSRC.iterdir() if p.suffix in (".h", ".cuh")}
+        return sorted(
+            {self.cpu_binding, self.cuda_binding, *headers} | {s.name for s in self.cuda_sources}
+        )
+
+    def source_hash(self) -> str:
+        # Only this extension's files and flags: another extension's edit must not rebuild it.
+        h = hashlib.sha256()
+        for name in self.files():
+            h.update(name.encode())
+            h.update((CSRC / name).read_bytes())
+        for s in self.cuda_sources:
+            h.update(" ".join((s.name, *s.flags())).encode())
+        h.update(" ".join(CPU_CFLAGS + CPU_LDFLAGS).encode())
+        return h.hexdigest()[:12]
+
+
+NERF = Extension(
+    name="kernels",
+    cpu_binding="cpu_ops.cpp",
+    cuda_binding="cuda_binding.cpp",
+    cuda_sources=(
+        CudaSource("hash_grid.cu"),
+        CudaSource("sh.cu"),
+        CudaSource("composite.cu"),
+        CudaSource("occupancy.cu", exact=True),
+        CudaSource("marching.cu", exact=True),
+    ),
+)
+
+SPLAT = Extension(
+    name="kernels_splat",
+    cpu_binding="splat_cpu.cpp",
+    cuda_binding="splat_cuda_binding.cpp",
+    # No FMA ban: the splat parity tests compare with a tolerance, and cut-offs (alpha >= 1/255,
+    # T < 1e-4) are tested on values FMA moves by an ulp at most.
+    cuda_sources=(CudaSource("splat.cu"),),
+)
+
+EXTENSIONS = (NERF, SPLAT)
 
 _lock = threading.Lock()
-_loaded: dict[str, object] = {}
+_loaded: dict[tuple[str, str], object] = {}
 
 
 class KernelBuildError(RuntimeError):
@@ -48,20 +114,10 @@ class KernelBuildError(RuntimeError):
 
 def build_dir() -> Path:
     env = os.environ.get("KERNELS_BUILD_DIR")
-    root = Path(env) if env else Path(__file__).resolve().parent.parent / ".kernels-build"
-    return root
+    return Path(env) if env else Path(__file__).resolve().parent.parent / ".kernels-build"
 
 
-def _source_hash() -> str:
-    # Only this extension's files: other extensions living in csrc/ must not force a rebuild.
-    h = hashlib.sha256()
-    for name in sorted(set(CPU_SOURCES + CUDA_SOURCES + HEADERS)):
-        h.update(name.encode())
-        h.update((CSRC / name).read_bytes())
-    return h.hexdigest()[:12]
-
-
-def _require_tools(compiler_env: str, default: str) -> None:
+def _require_tools() -> None:
     missing = []
     try:
         import ninja  # noqa: F401  (the pip package puts the binary on PATH for cpp_extension)
@@ -69,9 +125,9 @@ def _require_tools(compiler_env: str, default: str) -> None:
         pass
     if shutil.which("ninja") is None:
         missing.append("ninja (pip install ninja, or apt-get install ninja-build)")
-    cxx = os.environ.get(compiler_env, default)
+    cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
-        missing.append(f"C++ compiler '{cxx}' (apt-get install g++, or set ${compiler_env})")
+        missing.append(f"C++ compiler '{cxx}' (apt-get install g++, or set $CXX)")
     include = sysconfig.get_paths().get("include")
     if not include or not (Path(include) / "Python.h").exists():
         missing.append(
@@ -81,94 +137,166 @@ def _require_tools(compiler_env: str, default: str) -> None:
         raise KernelBuildError("cannot build the kernels extension, missing: " + "; ".join(missing))
 
 
-def load_cpu():
-    """The CPU extension module, built on first use."""
-    with _lock:
-        if "cpu" in _loaded:
-            return _loaded["cpu"]
-        _require_tools("CXX", "c++")
+def nvcc_path() -> str | None:
+    """The nvcc of $CUDA_HOME (as torch finds it), else the one on PATH."""
+    try:
         import torch.utils.cpp_extension as cpp
 
-        name = f"kernels_cpu_{_source_hash()}"
-        # One folder per source version: processes holding different checkouts never share objects.
-        out = build_dir() / "cpu" / name
-        out.mkdir(parents=True, exist_ok=True)
-        try:
-            mod = cpp.load(
-                name=name,
-                sources=[str(CSRC / s) for s in CPU_SOURCES],
-                # -ffp-contract=off: no fused multiply-add, so cell indices and early stops match the
-                # pure-torch reference exactly at boundaries. No -march=native: images run elsewhere.
-                extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off"],
-                extra_ldflags=["-fopenmp"],
-                extra_include_paths=[str(CSRC)],
-                build_directory=str(out),
-                verbose=bool(os.environ.get("KERNELS_VERBOSE")),
-            )
-        except Exception as exc:  # cpp_extension raises RuntimeError/OSError/CalledProcessError
-            raise KernelBuildError(
-                f"building the CPU kernels extension failed ({type(exc).__name__}): {exc}"
-            ) from exc
-        _loaded["cpu"] = mod
-        return mod
+        home = cpp.CUDA_HOME
+    except Exception:  # a broken torch install: fall back to PATH
+        home = None
+    if home and (Path(home) / "bin" / "nvcc").exists():
+        return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc") or shutil.which("nvcc", path="/usr/local/cuda/bin")
 
 
-def cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available() and torch.version.cuda is not None
-
-
-def load_cuda():
-    """The CUDA extension module (GPU machines only)."""
-    with _lock:
-        if "cuda" in _loaded:
-            return _loaded["cuda"]
+def cuda_arch_flags() -> list[str]:
+    """-gencode flags from $TORCH_CUDA_ARCH_LIST ("8.0;9.0", "+PTX" allowed), else the visible GPUs."""
+    spec = os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(",", ";").replace(" ", ";")
+    archs = [a for a in spec.split(";") if a]
+    if not archs:
         import torch
 
-        if torch.version.cuda is None:
+        if not torch.cuda.is_available():
+            raise KernelBuildError(
+                "no GPU visible to pick the CUDA architecture: set TORCH_CUDA_ARCH_LIST "
+                '(e.g. "8.0;9.0")'
+            )
+        caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+        archs = [f"{a}.{b}" for a, b in sorted(caps)]
+    flags = []
+    for a in archs:
+        ptx = a.endswith("+PTX")
+        num = a.removesuffix("+PTX").replace(".", "")
+        if not num.isdigit():
+            raise KernelBuildError(f"TORCH_CUDA_ARCH_LIST entry {a!r} is not like 8.0 or 9.0+PTX")
+        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if ptx:
+            flags.append(f"-gencode=arch=compute_{num},code=compute_{num}")
+    return flags
+
+
+def nvcc_command(source: CudaSource, out: Path, arch_flags: list[str]) -> list[str]:
+    """The nvcc command line that compiles one launcher source to an object file."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise KernelBuildError("cannot build the CUDA kernels, missing: nvcc (set CUDA_HOME)")
+    cmd = [nvcc, "-c", *source.flags(), *arch_flags, f"-I{CSRC}", str(CSRC / source.name)]
+    return [*cmd, "-o", str(out)]
+
+
+def _compile_objects(ext: Extension, out: Path) -> list[str]:
+    arch = cuda_arch_flags()
+    objs = out / "objects"
+    objs.mkdir(parents=True, exist_ok=True)
+
+    def one(src: CudaSource) -> str:
+        obj = objs / (src.name + ".o")
+        if obj.exists():
+            return str(obj)
+        tmp = objs / f"{src.name}.{os.getpid()}.{threading.get_ident()}.tmp.o"
+        r = subprocess.run(nvcc_command(src, tmp, arch), capture_output=True, text=True)
+        if r.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise KernelBuildError(f"nvcc failed on {src.name}:\n{r.stderr[-4000:]}")
+        os.replace(tmp, obj)  # atomic: a concurrent builder sees the whole object or none
+        return str(obj)
+
+    with ThreadPoolExecutor(
+        max_workers=max(1, min(len(ext.cuda_sources), os.cpu_count() or 1))
+    ) as ex:
+        return list(ex.map(one, ext.cuda_sources))
+
+
+def load(ext: Extension, device_type: str):
+    """The compiled module of `ext` for 'cpu' or 'cuda' tensors, built on first use."""
+    key = (ext.name, device_type)
+    with _lock:
+        if key in _loaded:
+            return _loaded[key]
+        if device_type not in ("cpu", "cuda"):
+            raise KernelBuildError(
+                f"no compiled kernels for device type {device_type!r} (use backend='reference')"
+            )
+        import torch
+
+        if device_type == "cuda" and torch.version.cuda is None:
             raise KernelBuildError(
                 "cannot build the CUDA kernels: this torch build has no CUDA (torch.version.cuda is None)"
             )
-        import torch.utils.cpp_extension as cpp
-
-        if cpp.CUDA_HOME is None or shutil.which(str(Path(cpp.CUDA_HOME) / "bin" / "nvcc")) is None:
+        if device_type == "cuda" and nvcc_path() is None:
             raise KernelBuildError(
                 "cannot build the CUDA kernels, missing: nvcc (set CUDA_HOME to a CUDA toolkit)"
             )
-        _require_tools("CXX", "c++")
-        name = f"kernels_cuda_{_source_hash()}"
-        out = build_dir() / "cuda" / name
+        _require_tools()
+        import torch.utils.cpp_extension as cpp
+
+        name = f"{ext.name}_{device_type}_{ext.source_hash()}"
+        # One folder per source version: processes holding different checkouts never share objects.
+        out = build_dir() / device_type / name
         out.mkdir(parents=True, exist_ok=True)
+        common = dict(
+            name=name,
+            extra_include_paths=[str(CSRC)],
+            build_directory=str(out),
+            verbose=bool(os.environ.get("KERNELS_VERBOSE")),
+        )
         try:
-            mod = cpp.load(
-                name=name,
-                sources=[str(CSRC / s) for s in CUDA_SOURCES],
-                extra_cflags=["-O3"],
-                # --fmad=false for the same reason as -ffp-contract=off on the CPU.
-                extra_cuda_cflags=["-O3", "--fmad=false", "-std=c++17"],
-                extra_include_paths=[str(CSRC)],
-                build_directory=str(out),
-                verbose=bool(os.environ.get("KERNELS_VERBOSE")),
-            )
-        except Exception as exc:
+            if device_type == "cpu":
+                mod = cpp.load(
+                    sources=[str(CSRC / ext.cpu_binding)],
+                    extra_cflags=list(CPU_CFLAGS),
+                    extra_ldflags=list(CPU_LDFLAGS),
+                    **common,
+                )
+            else:
+                objects = _compile_objects(ext, out)
+                mod = cpp.load(
+                    sources=[str(CSRC / ext.cuda_binding)],
+                    extra_cflags=["-O3"],
+                    extra_ldflags=objects,
+                    with_cuda=True,
+                    **common,
+                )
+        except KernelBuildError:
+            raise
+        except Exception as exc:  # cpp_extension raises RuntimeError/OSError/CalledProcessError
             raise KernelBuildError(
-                f"building the CUDA kernels extension failed ({type(exc).__name__}): {exc}"
+                f"building the {device_type.upper()} {ext.name} extension failed "
+                f"({type(exc).__name__}): {exc}"
             ) from exc
-        _loaded["cuda"] = mod
+        _loaded[key] = mod
         return mod
 
 
-def for_tensor(t):
-    """The compiled module that handles tensors on t's device."""
-    if t.device.type == "cpu":
-        return load_cpu()
-    if t.device.type == "cuda":
-        return load_cuda()
-    raise KernelBuildError(
-        f"no compiled kernels for device type '{t.device.type}' (use backend='reference')"
-    )
+def load_cpu(ext: Extension = NERF):
+    return load(ext, "cpu")
 
 
-if __name__ == "__main__":  # pragma: no cover
-    print(load_cpu(), file=sys.stderr)
+def load_cuda(ext: Extension = NERF):
+    return load(ext, "cuda")
+
+
+def for_tensor(t, ext: Extension = NERF):
+    """The compiled module of `ext` that handles tensors on t's device."""
+    return load(ext, t.device.type)
+
+
+def compiled_available(device: torch.device | str, ext: Extension = NERF) -> bool:
+    """Whether the compiled kernels run on `device`, building them on first use.
+
+    Args:
+        device: a torch device or its name ("cpu", "cuda:1").
+        ext: the extension to check (default: the NeRF ops).
+
+    Returns:
+        True when the extension builds or loads from the cache for that device type; False when
+        the build fails (the failure is a KernelBuildError from any op called with backend="ext").
+    """
+    import torch
+
+    try:
+        load(ext, torch.device(device).type)
+    except KernelBuildError:
+        return False
+    return True

@@ -2,8 +2,9 @@
 
     python -m kernels.build [--require-cuda]
 
-Used by the worker image at build time so that the first task does not pay for compilation.
-Prints one JSON line per backend and exits non-zero when the CPU build (or, with
+Builds every extension (`kernels._ext.EXTENSIONS`: the NeRF ops and the splat compositors). Used by
+the worker image at build time so that the first task does not pay for compilation. Prints one
+JSON line per backend and exits non-zero when the CPU build (or, with
 --require-cuda, the CUDA build) fails.
 """
 
@@ -36,27 +37,40 @@ def _smoke(device: str) -> None:
     kernels.composite(sig, rgb, s.t_starts, s.t_ends, s.ray_indices, 1, offsets=s.offsets)[
         0
     ].sum().backward()
+    means = torch.tensor([[8.0, 8.0]], device=dev, requires_grad=True)
+    conics = torch.tensor([[0.1, 0.0, 0.1]], device=dev)
+    for method in ("tiled", "naive"):
+        rgb, _ = kernels.rasterize(
+            means,
+            conics,
+            torch.ones(1, 3, device=dev),
+            torch.full((1,), 0.5, device=dev),
+            16,
+            16,
+            method=method,
+        )
+        rgb.sum().backward()
 
 
-def _build(name: str, loader, device: str, smoke: bool = True) -> dict:
+def _build(device: str, smoke: bool = True) -> dict:
     from kernels import _ext
 
     t = time.perf_counter()
     try:
-        mod = loader()
+        mods = [_ext.load(ext, device) for ext in _ext.EXTENSIONS]
         if smoke:
             _smoke(device)
     except Exception as exc:  # report, then let main decide the exit status
         return {
-            "backend": name,
+            "backend": device,
             "ok": False,
             "error": f"{type(exc).__name__}: {exc}"[:2000],
             "seconds": round(time.perf_counter() - t, 1),
         }
     return {
-        "backend": name,
+        "backend": device,
         "ok": True,
-        "module": getattr(mod, "__file__", str(mod)),
+        "modules": [getattr(mod, "__file__", str(mod)) for mod in mods],
         "build_dir": str(_ext.build_dir()),
         "seconds": round(time.perf_counter() - t, 1),
     }
@@ -70,17 +84,15 @@ def main(argv=None) -> int:
         "--require-cuda", action="store_true", help="fail unless the CUDA extension builds too"
     )
     args = ap.parse_args(argv)
-    from kernels import _ext
-
     status = 0
-    cpu = _build("cpu", _ext.load_cpu, "cpu")
+    cpu = _build("cpu")
     print(json.dumps(cpu), flush=True)
     if not cpu["ok"]:
         status = 1
     if torch.version.cuda is not None:
         # `docker build` sees no GPU: compile anyway (set TORCH_CUDA_ARCH_LIST), smoke-test only
         # where a device is visible.
-        cuda = _build("cuda", _ext.load_cuda, "cuda", smoke=torch.cuda.is_available())
+        cuda = _build("cuda", smoke=torch.cuda.is_available())
         cuda["smoke_tested"] = cuda["ok"] and torch.cuda.is_available()
         print(json.dumps(cuda), flush=True)
         if not cuda["ok"]:

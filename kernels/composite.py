@@ -123,6 +123,12 @@ def composite(
     if rgbs.shape != (s.shape[0], 3):
         raise ValueError(f"rgbs must be ({s.shape[0]}, 3), got {tuple(rgbs.shape)}")
     t0, t1 = t_starts.reshape(-1), t_ends.reshape(-1)
+    if t0.shape != s.shape or t1.shape != s.shape:
+        raise ValueError(f"t_starts and t_ends must hold {s.shape[0]} samples")
+    # One dtype for every sample array (autocast hands over half-precision colours): the kernels
+    # read float32 or float64 only, and the cast is differentiable.
+    dtype = s.dtype if s.dtype in (torch.float32, torch.float64) else torch.float32
+    s, rgbs, t0, t1 = s.to(dtype), rgbs.to(dtype), t0.to(dtype), t1.to(dtype)
     if offsets is None:
         ri = ray_indices.reshape(-1)
         if backend == "ext" and ri.device.type == "cpu":
@@ -140,8 +146,8 @@ def composite(
         rgb, depth, opacity = _CompositeFn.apply(
             s.contiguous(),
             rgbs.contiguous(),
-            t0.contiguous().to(s.dtype),
-            t1.contiguous().to(s.dtype),
+            t0.contiguous(),
+            t1.contiguous(),
             offsets.contiguous(),
         )
     if background is not None:

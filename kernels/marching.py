@@ -148,8 +148,10 @@ def march_reference(
     count = torch.zeros(n, dtype=torch.long, device=dev)
     out_r, out_t0, out_t1 = [], [], []
     n_mips = int(math.log2(grid.resolution)) + 1 if grid is not None else 0
+    t_last = torch.full_like(t, -math.inf)
     while True:
-        alive = alive & (count < max_samples)
+        alive = alive & (count < max_samples) & (t > t_last)  # as kn::march_ray: t must advance
+        t_last = t.clone()
         idx = alive.nonzero().squeeze(1)
         if idx.numel() == 0:
             break

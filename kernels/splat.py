@@ -7,15 +7,12 @@ alpha = min(o * exp(-0.5 (A dx^2 + C dy^2) - B dx dy), 0.99), skipping alpha < 1
 a pixel right after its transmittance drops below 1e-4, and returns the image and the final
 transmittance. Differentiable w.r.t. means2d, conics, colours and opacities on every method.
 
-The compiled methods live in their own extension (csrc/splat_cpu.cpp over csrc/splat.h, plus
-csrc/splat.cu on CUDA machines), built on first use like kernels._ext.
+The compiled methods live in their own extension (`kernels._ext.SPLAT`: csrc/splat_cpu.cpp and,
+on CUDA machines, csrc/splat_cuda_binding.cpp + csrc/splat.cu, over csrc/splat.h), built on first
+use by the same backend as the other kernels.
 """
 
 from __future__ import annotations
-
-import hashlib
-import os
-import threading
 
 import torch
 
@@ -26,74 +23,6 @@ ALPHA_MAX = 0.99
 STOP_T = 1e-4
 TILE = 16
 METHODS = ("tiled", "naive", "reference")
-
-_SOURCES = ("splat.h", "splat_cpu.cpp", "splat.cu", "common.h")
-_lock = threading.Lock()
-_loaded: dict[str, object] = {}
-
-
-# ------------------------------------------------------------------------------------ build
-
-
-def _source_hash() -> str:
-    h = hashlib.sha256()
-    for name in _SOURCES:
-        h.update(name.encode())
-        h.update((_ext.CSRC / name).read_bytes())
-    return h.hexdigest()[:12]
-
-
-def load_extension(device_type: str = "cpu"):
-    """The compiled splat module for 'cpu' or 'cuda' tensors (the CUDA build also serves CPU)."""
-    with _lock:
-        if device_type in _loaded:
-            return _loaded[device_type]
-        _ext._require_tools("CXX", "c++")
-        import torch.utils.cpp_extension as cpp
-
-        kw = dict(
-            extra_include_paths=[str(_ext.CSRC)], verbose=bool(os.environ.get("KERNELS_VERBOSE"))
-        )
-        out = _ext.build_dir() / f"splat_{device_type}"
-        out.mkdir(parents=True, exist_ok=True)
-        try:
-            if device_type == "cpu":
-                mod = cpp.load(
-                    name=f"kernels_splat_cpu_{_source_hash()}",
-                    sources=[str(_ext.CSRC / "splat_cpu.cpp")],
-                    # no FMA contraction: stops and alpha cut-offs match the reference's rounding
-                    extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off"],
-                    extra_ldflags=["-fopenmp"],
-                    build_directory=str(out),
-                    **kw,
-                )
-            elif device_type == "cuda":
-                if torch.version.cuda is None or cpp.CUDA_HOME is None:
-                    raise _ext.KernelBuildError(
-                        "cannot build the CUDA splat kernels: no CUDA torch / CUDA_HOME"
-                    )
-                mod = cpp.load(
-                    name=f"kernels_splat_cuda_{_source_hash()}",
-                    sources=[str(_ext.CSRC / "splat_cpu.cpp"), str(_ext.CSRC / "splat.cu")],
-                    extra_cflags=["-O3", "-fopenmp", "-DKN_SPLAT_CUDA"],
-                    extra_ldflags=["-fopenmp"],
-                    extra_cuda_cflags=["-O3", "--fmad=false", "-std=c++17", "-DKN_SPLAT_CUDA"],
-                    build_directory=str(out),
-                    **kw,
-                )
-            else:
-                raise _ext.KernelBuildError(
-                    f"no compiled splat kernels for device type {device_type!r}"
-                )
-        except _ext.KernelBuildError:
-            raise
-        except Exception as exc:  # cpp_extension raises RuntimeError/OSError/CalledProcessError
-            raise _ext.KernelBuildError(
-                f"building the splat extension failed ({type(exc).__name__}): {exc}"
-            ) from exc
-        _loaded[device_type] = mod
-        return mod
-
 
 # ------------------------------------------------------------------------------------ tiles
 
@@ -233,7 +162,7 @@ class _RasterizeFn(torch.autograd.Function):
     def forward(
         ctx, means2d, conics, colors, opacities, height, width, method, tile_offsets, tile_ids, prm
     ):
-        mod = load_extension(means2d.device.type)
+        mod = _ext.for_tensor(means2d, _ext.SPLAT)
         if method == "naive":
             rgb, trans, n = mod.naive_forward(
                 means2d, conics, colors, opacities, height, width, *prm
@@ -260,7 +189,7 @@ class _RasterizeFn(torch.autograd.Function):
             if g_trans is None
             else g_trans.contiguous()
         )
-        mod = load_extension(means2d.device.type)
+        mod = _ext.for_tensor(means2d, _ext.SPLAT)
         if method == "naive":
             g = mod.naive_backward(
                 means2d, conics, colors, opacities, height, width, *prm, trans, n, g_rgb, g_trans
@@ -373,7 +302,6 @@ __all__ = [
     "rasterize",
     "rasterize_reference",
     "tile_bins",
-    "load_extension",
     "ALPHA_MIN",
     "ALPHA_MAX",
     "STOP_T",

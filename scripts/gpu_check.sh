@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# GPU check for kernels/: build the CUDA extension, run the CUDA parity tests, run the benchmark
-# on the device. Prints JSON lines only on stdout (logs go to stderr). Needs a CUDA torch, pytest
-# and nvcc on the machine; meant to finish in well under 5 minutes on one GPU.
+# GPU check for kernels/: build the CUDA extensions, run the CUDA parity tests (on the default
+# stream, on a side stream, under compute-sanitizer memcheck, and the shared-memory splat kernels
+# under racecheck), then the benchmark on the device. Prints JSON lines only on stdout (logs go to
+# stderr). Needs a CUDA torch, pytest and nvcc (compute-sanitizer ships with the toolkit); sized
+# for 10 minutes of one GPU including the builds.
 #   scripts/gpu_check.sh            # from the repository root
 #   PYTHON=/path/to/python scripts/gpu_check.sh
 set -u
@@ -23,6 +25,7 @@ d = {"stage": "env", "torch": torch.__version__, "cuda": torch.version.cuda, "cu
 if torch.cuda.is_available():
     d["device"] = torch.cuda.get_device_name(0)
     d["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
+    d["device_count"] = torch.cuda.device_count()
 print(json.dumps(d))
 PYEOF
 )
@@ -32,21 +35,50 @@ if [ -z "$info" ]; then
 fi
 echo "$info"
 
-# build: one JSON line per backend; --require-cuda makes a CPU-only result a failure here
-"$PY" -m kernels.build --require-cuda || status=1
+# build: one JSON line per backend; --require-cuda makes a CPU-only result a failure here. Without
+# TORCH_CUDA_ARCH_LIST the backend compiles for the visible GPUs only.
+timeout 240 "$PY" -m kernels.build --require-cuda || status=1
 
-# parity: the CUDA tests plus the CPU ones they are held against
-t0=$(date +%s)
-log=$(mktemp)
-"$PY" -m pytest -q -p no:cacheprovider tests/kernels/test_cuda_parity.py tests/kernels/test_hash_grid.py \
-  tests/kernels/test_composite.py tests/kernels/test_marching.py tests/kernels/test_occupancy.py \
-  tests/kernels/test_splat.py >"$log" 2>&1
-rc=$?
-summary=$(tail -n 1 "$log" | tr -d '"=' | sed 's/^ *//; s/ *$//')
-echo "{\"stage\": \"parity\", \"ok\": $([ $rc -eq 0 ] && echo true || echo false), \"pytest_rc\": $rc, \"summary\": \"$summary\", \"seconds\": $(( $(date +%s) - t0 ))}"
-[ $rc -eq 0 ] || { status=1; tail -n 60 "$log" >&2; }
-rm -f "$log"
+CUDA_TESTS="tests/kernels/test_cuda_parity.py tests/kernels/test_splat.py::test_cuda_matches_cpu_reference"
+SPLAT_CUDA="tests/kernels/test_splat.py::test_cuda_matches_cpu_reference"
 
-# bench: JSON lines, reference vs ext on the GPU, then the CPU figures for comparison
-"$PY" -m kernels.bench --device cuda || status=1
+# stage NAME LIMIT_S CMD...: runs CMD, prints one JSON line with its pytest summary
+stage() {
+  local name=$1 limit=$2
+  shift 2
+  local t0 log rc summary
+  t0=$(date +%s)
+  log=$(mktemp)
+  timeout "$limit" "$@" >"$log" 2>&1
+  rc=$?
+  summary=$(grep -E "passed|failed|error|ERROR SUMMARY" "$log" | tail -n 2 | tr -d '"=\\' | tr '\n' ' ' | sed 's/^ *//; s/ *$//')
+  echo "{\"stage\": \"$name\", \"ok\": $([ $rc -eq 0 ] && echo true || echo false), \"rc\": $rc, \"summary\": \"$summary\", \"seconds\": $(( $(date +%s) - t0 ))}"
+  [ $rc -eq 0 ] || { status=1; tail -n 60 "$log" >&2; }
+  rm -f "$log"
+}
+
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider)
+# The stage limits add up to 10 minutes. parity: the CUDA tests, each held against the references
+# and the CPU build (the CPU tests themselves run in CI).
+stage parity 60 "${PYTEST[@]}" $CUDA_TESTS
+# the same CUDA tests with every op issued on a side stream (tests/kernels/conftest.py)
+stage side_stream 45 env KERNELS_TEST_STREAM=side "${PYTEST[@]}" $CUDA_TESTS
+
+SAN=$(command -v compute-sanitizer || true)
+if [ -z "$SAN" ] && [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/compute-sanitizer" ]; then SAN="$CUDA_HOME/bin/compute-sanitizer"; fi
+if [ -z "$SAN" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then SAN=/usr/local/cuda/bin/compute-sanitizer; fi
+if [ -n "$SAN" ]; then
+  # No caching allocator: each tensor is its own allocation, so memcheck sees a read past it.
+  stage memcheck 90 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SAN" --tool memcheck --error-exitcode 1 \
+    --target-processes all "${PYTEST[@]}" $CUDA_TESTS
+  stage racecheck 45 "$SAN" --tool racecheck --error-exitcode 1 --target-processes all \
+    "${PYTEST[@]}" $SPLAT_CUDA
+else
+  echo '{"stage": "sanitizer", "ok": false, "error": "compute-sanitizer not found (CUDA toolkit bin)"}'
+  status=1
+fi
+
+# bench: JSON lines, references vs tuned baselines vs ext on the GPU, then the splat compositors
+timeout 90 "$PY" -m experiments.kernels_bench --device cuda --ops hash_grid,hash_grid_2d,sh,composite,march,bitfield || status=1
+timeout 30 "$PY" -m experiments.splat_bench --device cuda --sizes 2500,40000 || status=1
 exit $status

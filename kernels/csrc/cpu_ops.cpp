@@ -6,42 +6,16 @@
 #include <algorithm>
 #include <vector>
 
-#include "hash_grid.h"
-#include "sh.h"
+#include "binding_checks.h"
 #include "composite.h"
-#include "occupancy.h"
-#include "marching.h"
+#include "sh.h"
 
 namespace {
 
-// torch.set_num_threads() must govern our loops too, whichever OpenMP runtime torch ships.
-int n_threads() { return std::max(1, at::get_num_threads()); }
+using kn_bind::n_threads;
 
-void check_cpu_contig(const at::Tensor& t, const char* name) {
-    TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
-    TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-}
-
-kn::HashGridMeta make_meta(const at::Tensor& offsets, const at::Tensor& resolution, const at::Tensor& scale,
-                           const at::Tensor& hashed) {
-    kn::HashGridMeta m{};
-    const int64_t L = resolution.numel();
-    TORCH_CHECK(L >= 1 && L <= kn::HASH_GRID_MAX_LEVELS, "hash grid: 1..", kn::HASH_GRID_MAX_LEVELS, " levels");
-    TORCH_CHECK(offsets.numel() == L + 1 && scale.numel() == L && hashed.numel() == L, "hash grid: meta sizes");
-    auto o = offsets.to(at::kLong).contiguous();
-    auto r = resolution.to(at::kLong).contiguous();
-    auto s = scale.to(at::kFloat).contiguous();
-    auto h = hashed.to(at::kBool).contiguous();
-    m.n_levels = (int)L;
-    m.hashed_mask = 0;
-    for (int64_t l = 0; l < L; ++l) {
-        m.offset[l] = (uint32_t)o.data_ptr<int64_t>()[l];
-        m.resolution[l] = (uint32_t)r.data_ptr<int64_t>()[l];
-        m.scale[l] = s.data_ptr<float>()[l];
-        if (h.data_ptr<bool>()[l]) m.hashed_mask |= (1u << l);
-    }
-    m.offset[L] = (uint32_t)o.data_ptr<int64_t>()[L];
-    return m;
+void require_cpu(const at::Tensor& t, const char* op) {
+    TORCH_CHECK(t.is_cpu(), op, ": this is the CPU module, got a tensor on ", t.device());
 }
 
 template <int D, int F, typename T>
@@ -86,12 +60,9 @@ void dispatch_grid(int64_t D, int64_t F, at::ScalarType st, Fn&& fn) {
 
 at::Tensor hash_grid_forward(at::Tensor x, at::Tensor table, at::Tensor offsets, at::Tensor resolution,
                              at::Tensor scale, at::Tensor hashed) {
-    check_cpu_contig(x, "x");
-    check_cpu_contig(table, "table");
-    TORCH_CHECK(x.dim() == 2 && table.dim() == 2, "hash grid: x (N, D) and table (rows, F)");
-    TORCH_CHECK(x.scalar_type() == table.scalar_type(), "hash grid: x and table dtypes differ");
-    auto m = make_meta(offsets, resolution, scale, hashed);
-    TORCH_CHECK(table.size(0) == m.offset[m.n_levels], "hash grid: table rows do not match offsets");
+    require_cpu(x, "hash grid");
+    kn_bind::check_hash_forward(x, table);
+    auto m = kn_bind::hash_grid_meta(offsets, resolution, scale, hashed, x.size(1), table.size(0));
     const int64_t n = x.size(0), D = x.size(1), F = table.size(1);
     auto out = at::empty({n, m.n_levels * F}, x.options());
     dispatch_grid(D, F, x.scalar_type(), [&](auto Dc, auto Fc, auto* tag) {
@@ -104,11 +75,10 @@ at::Tensor hash_grid_forward(at::Tensor x, at::Tensor table, at::Tensor offsets,
 
 at::Tensor hash_grid_backward(at::Tensor x, at::Tensor grad_out, int64_t n_rows, int64_t F, at::Tensor offsets,
                               at::Tensor resolution, at::Tensor scale, at::Tensor hashed) {
-    check_cpu_contig(x, "x");
-    check_cpu_contig(grad_out, "grad_out");
-    auto m = make_meta(offsets, resolution, scale, hashed);
+    require_cpu(x, "hash grid");
+    auto m = kn_bind::hash_grid_meta(offsets, resolution, scale, hashed, x.size(1), n_rows);
+    kn_bind::check_hash_backward(x, grad_out, m.n_levels, F);
     const int64_t n = x.size(0), D = x.size(1);
-    TORCH_CHECK(grad_out.size(0) == n && grad_out.size(1) == m.n_levels * F, "hash grid: grad_out shape");
     auto grad_table = at::zeros({n_rows, F}, grad_out.options());
     dispatch_grid(D, F, x.scalar_type(), [&](auto Dc, auto Fc, auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
@@ -149,9 +119,8 @@ void composite_bwd_impl(const int64_t* off, int64_t n_rays, const T* s, const T*
 }
 
 at::Tensor sh_encode(at::Tensor dirs, int64_t degree) {
-    check_cpu_contig(dirs, "dirs");
-    TORCH_CHECK(dirs.dim() == 2 && dirs.size(1) == 3, "sh_encode: dirs must be (N, 3)");
-    TORCH_CHECK(degree >= 1 && degree <= 4, "sh_encode: degree must be 1..4");
+    require_cpu(dirs, "sh_encode");
+    kn_bind::check_sh(dirs, degree);
     const int64_t n = dirs.size(0), k = degree * degree;
     auto out = at::empty({n, k}, dirs.options());
     dispatch_float(dirs.scalar_type(), "sh_encode", [&](auto* tag) {
@@ -161,21 +130,10 @@ at::Tensor sh_encode(at::Tensor dirs, int64_t degree) {
     return out;
 }
 
-void check_composite_inputs(const at::Tensor& sigmas, const at::Tensor& rgbs, const at::Tensor& t0,
-                            const at::Tensor& t1, const at::Tensor& offsets) {
-    check_cpu_contig(sigmas, "sigmas");
-    check_cpu_contig(rgbs, "rgbs");
-    check_cpu_contig(t0, "t_starts");
-    check_cpu_contig(t1, "t_ends");
-    check_cpu_contig(offsets, "ray offsets");
-    TORCH_CHECK(offsets.scalar_type() == at::kLong, "ray offsets must be int64");
-    const int64_t s = sigmas.numel();
-    TORCH_CHECK(rgbs.numel() == 3 * s && t0.numel() == s && t1.numel() == s, "composite: sample array sizes differ");
-}
-
 std::vector<at::Tensor> composite_forward(at::Tensor sigmas, at::Tensor rgbs, at::Tensor t0, at::Tensor t1,
                                           at::Tensor offsets, double stop_T) {
-    check_composite_inputs(sigmas, rgbs, t0, t1, offsets);
+    require_cpu(sigmas, "composite");
+    kn_bind::check_composite(sigmas, rgbs, t0, t1, offsets);
     const int64_t n_rays = offsets.numel() - 1;
     auto rgb = at::empty({n_rays, 3}, sigmas.options());
     auto depth = at::empty({n_rays}, sigmas.options());
@@ -192,13 +150,14 @@ std::vector<at::Tensor> composite_forward(at::Tensor sigmas, at::Tensor rgbs, at
 std::vector<at::Tensor> composite_backward(at::Tensor sigmas, at::Tensor rgbs, at::Tensor t0, at::Tensor t1,
                                            at::Tensor offsets, double stop_T, at::Tensor g_rgb, at::Tensor g_depth,
                                            at::Tensor g_opacity) {
-    check_composite_inputs(sigmas, rgbs, t0, t1, offsets);
-    check_cpu_contig(g_rgb, "grad rgb");
-    check_cpu_contig(g_depth, "grad depth");
-    check_cpu_contig(g_opacity, "grad opacity");
+    require_cpu(sigmas, "composite");
+    kn_bind::check_composite(sigmas, rgbs, t0, t1, offsets);
     const int64_t n_rays = offsets.numel() - 1;
-    auto grad_sigma = at::empty_like(sigmas);
-    auto grad_rgb = at::empty_like(rgbs);
+    kn_bind::check_composite_grads(sigmas, n_rays, g_rgb, g_depth, g_opacity);
+    // Zeroed: with valid offsets every sample is written, but a sample no ray owns must not
+    // leak uninitialised memory into autograd.
+    auto grad_sigma = at::zeros_like(sigmas);
+    auto grad_rgb = at::zeros_like(rgbs);
     const int64_t* off = offsets.data_ptr<int64_t>();
     dispatch_float(sigmas.scalar_type(), "composite", [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
@@ -211,8 +170,8 @@ std::vector<at::Tensor> composite_backward(at::Tensor sigmas, at::Tensor rgbs, a
 
 // Start offsets of each ray's samples, validating that ray_indices is sorted and in range.
 at::Tensor ray_offsets(at::Tensor ray_indices, int64_t n_rays) {
-    check_cpu_contig(ray_indices, "ray_indices");
-    TORCH_CHECK(ray_indices.scalar_type() == at::kLong, "ray_indices must be int64");
+    kn_bind::expect(ray_indices, "ray_offsets", "ray_indices", at::Device(at::kCPU), at::kLong, {-1});
+    TORCH_CHECK(n_rays >= 0, "ray_offsets: n_rays must be >= 0");
     const int64_t s = ray_indices.numel();
     const int64_t* ri = ray_indices.data_ptr<int64_t>();
     auto offsets = at::empty({n_rays + 1}, ray_indices.options());
@@ -231,28 +190,11 @@ at::Tensor ray_offsets(at::Tensor ray_indices, int64_t n_rays) {
 
 // ---- occupancy grid ---------------------------------------------------------------------------
 
-struct BitLayout {
-    int n_mips;
-    uint32_t offset[kn::OCC_MAX_MIPS + 1];  // byte offsets of each mip inside one cascade
-};
-
-BitLayout bit_layout(int64_t res) {
-    TORCH_CHECK(res >= 2 && res <= 1024 && (res & (res - 1)) == 0, "occupancy grid: resolution must be a power of two in 2..1024");
-    BitLayout b{};
-    b.n_mips = 0;
-    while ((res >> b.n_mips) >= 1) ++b.n_mips;
-    b.offset[0] = 0;
-    for (int m = 0; m < b.n_mips; ++m) b.offset[m + 1] = b.offset[m] + std::max<uint32_t>(1, kn::mip_cells((uint32_t)res, m) / 8);
-    return b;
-}
-
 at::Tensor occ_bitfield(at::Tensor density, double thresh) {
-    check_cpu_contig(density, "density");
-    TORCH_CHECK(density.scalar_type() == at::kFloat && density.dim() == 2, "occupancy grid: density must be float32 (C, R^3)");
+    require_cpu(density, "occupancy grid");
+    const int64_t res = kn_bind::check_density(density);
     const int64_t C = density.size(0), cells = density.size(1);
-    int64_t res = (int64_t)std::llround(std::cbrt((double)cells));
-    TORCH_CHECK(res * res * res == cells, "occupancy grid: density rows must hold R^3 cells");
-    const BitLayout b = bit_layout(res);
+    const kn_bind::BitLayout b = kn_bind::bit_layout(res);
     const uint32_t per = b.offset[b.n_mips];
     auto bits = at::zeros({C, (int64_t)per}, density.options().dtype(at::kByte));
     uint8_t* out = bits.data_ptr<uint8_t>();
@@ -281,28 +223,10 @@ at::Tensor occ_bitfield(at::Tensor density, double thresh) {
     return bits;
 }
 
-kn::GridView make_view(const at::Tensor& bits, int64_t res, const std::vector<double>& center, const std::vector<double>& half) {
-    kn::GridView g{};
-    const BitLayout b = bit_layout(res);
-    g.bits = bits.data_ptr<uint8_t>();
-    g.n_cascades = (int)bits.size(0);
-    g.res = (uint32_t)res;
-    g.n_mips = b.n_mips;
-    g.bytes_per_cascade = b.offset[b.n_mips];
-    TORCH_CHECK(bits.size(1) == (int64_t)g.bytes_per_cascade, "occupancy grid: bitfield size does not match resolution");
-    for (int m = 0; m < b.n_mips; ++m) g.mip_byte_offset[m] = b.offset[m];
-    for (int k = 0; k < 3; ++k) {
-        g.center[k] = (float)center[k];
-        g.half[k] = (float)half[k];
-    }
-    return g;
-}
-
 at::Tensor occ_query(at::Tensor points, at::Tensor bits, int64_t res, std::vector<double> center, std::vector<double> half) {
-    check_cpu_contig(points, "points");
-    check_cpu_contig(bits, "bitfield");
-    TORCH_CHECK(points.scalar_type() == at::kFloat && points.dim() == 2 && points.size(1) == 3, "points must be float32 (N, 3)");
-    const kn::GridView g = make_view(bits, res, center, half);
+    require_cpu(points, "occupancy query");
+    kn_bind::check_points(points);
+    const kn::GridView g = kn_bind::grid_view(bits, res, center, half, points.device());
     const int64_t n = points.size(0);
     auto out = at::empty({n}, points.options().dtype(at::kBool));
     const float* p = points.data_ptr<float>();
@@ -322,27 +246,12 @@ std::vector<at::Tensor> march_rays(at::Tensor rays_o, at::Tensor rays_d, at::Ten
                                    at::Tensor jitter, std::vector<double> aabb, double step, double cone,
                                    double max_step, int64_t max_samples, c10::optional<at::Tensor> bits, int64_t res,
                                    std::vector<double> center, std::vector<double> half) {
-    for (auto* t : {&rays_o, &rays_d, &near, &far, &jitter}) {
-        check_cpu_contig(*t, "ray tensor");
-        TORCH_CHECK(t->scalar_type() == at::kFloat, "march_rays: ray tensors must be float32");
-    }
+    require_cpu(rays_o, "march_rays");
+    kn_bind::check_rays(rays_o, rays_d, near, far, jitter);
     const int64_t n = rays_o.size(0);
-    TORCH_CHECK(aabb.size() == 6, "march_rays: aabb has 6 numbers");
-    kn::MarchParams p{};
-    for (int k = 0; k < 3; ++k) {
-        p.aabb_min[k] = (float)aabb[k];
-        p.aabb_max[k] = (float)aabb[k + 3];
-    }
-    p.step = (float)step;
-    p.cone = (float)cone;
-    p.max_step = (float)max_step;
-    p.max_samples = (int)max_samples;
+    const kn::MarchParams p = kn_bind::march_params(aabb, step, cone, max_step, max_samples, bits.has_value());
     kn::GridView g{};
-    p.use_grid = bits.has_value() ? 1 : 0;
-    if (p.use_grid) {
-        check_cpu_contig(*bits, "bitfield");
-        g = make_view(*bits, res, center, half);
-    }
+    if (p.use_grid) g = kn_bind::grid_view(*bits, res, center, half, rays_o.device());
     const float *o = rays_o.data_ptr<float>(), *d = rays_d.data_ptr<float>();
     const float *tn = near.data_ptr<float>(), *tf = far.data_ptr<float>(), *u = jitter.data_ptr<float>();
     auto counts = at::empty({n}, rays_o.options().dtype(at::kLong));

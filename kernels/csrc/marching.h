@@ -66,7 +66,15 @@ KN_HD int march_ray(const float* o, const float* d, float near, float far, float
     if (!(tmin < tmax)) return 0;
     float t = tmin + jitter * calc_dt(tmin, p);
     int n = 0;
-    while (n < p.max_samples) {
+    // Every pass advances t by at least one step, so a ray needs at most (tmax - tmin) / step of
+    // them. The budget (with slack for rounding) caps the passes that emit nothing, outside every
+    // cascade or where t + dt rounds back to t far from the origin; it never binds otherwise.
+    const float span = (tmax - tmin) / p.step;
+    long long budget = span < 1e9f ? (long long)(span * 1.0625f) + 16 : 1000000000LL;
+    float t_last = -INFINITY;
+    while (n < p.max_samples && --budget >= 0) {
+        if (!(t > t_last)) break;  // t + dt rounded back to t: the ray would repeat this pass forever
+        t_last = t;
         float dt = calc_dt(t, p);
         const float tm = t + 0.5f * dt;
         if (!(tm < tmax)) break;
@@ -87,7 +95,7 @@ KN_HD int march_ray(const float* o, const float* d, float near, float far, float
                     do {
                         t += dt;
                         dt = calc_dt(t, p);
-                    } while (t + 0.5f * dt < te && t + 0.5f * dt < tmax);
+                    } while (t + 0.5f * dt < te && t + 0.5f * dt < tmax && --budget >= 0);
                 } else {
                     float k = ceilf((te - tm) / dt);
                     if (!(k >= 1.f)) k = 1.f;

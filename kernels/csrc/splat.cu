@@ -2,7 +2,7 @@
 // torch headers: `nvcc -c -arch=sm_80 splat.cu` must compile on a machine without torch CUDA.
 #include <cuda_runtime.h>
 
-#include "splat.h"
+#include "launchers.h"
 
 namespace kn_cuda {
 namespace {
@@ -25,6 +25,13 @@ struct AtomicAdd {
 template <typename T>
 __device__ __forceinline__ void atomic_add(T* p, T v) {
     atomicAdd(p, v);
+}
+
+// Sum of v over the 32 lanes of a warp, complete in lane 0.
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+    return v;
 }
 
 // Seed 002's kernel: one thread per pixel, every thread reads every splat from global memory.
@@ -90,6 +97,7 @@ __global__ void tiled_bwd_kernel(int H, int W, const int64_t* __restrict__ tile_
                                  const T* __restrict__ opac, kn::SplatParams<T> prm, const T* __restrict__ fin_T,
                                  const int32_t* __restrict__ fin_n, const T* __restrict__ g_rgb,
                                  const T* __restrict__ g_T, T* grads) {
+    static_assert(kn::SPLAT_BATCH % 32 == 0, "whole warps: the gradient reduction uses every lane");
     __shared__ kn::SplatRec<T> batch[kn::SPLAT_BATCH];
     __shared__ int32_t batch_id[kn::SPLAT_BATCH];
     const int tile = blockIdx.x;
@@ -126,10 +134,17 @@ __global__ void tiled_bwd_kernel(int H, int W, const int64_t* __restrict__ tile_
         __syncthreads();
         const int nb = (int)min((int64_t)kn::SPLAT_BATCH, end - b);
         for (int k = nb - 1; k >= 0; --k) {
-            if (bi * kn::SPLAT_BATCH + k >= my_n) continue;
-            if (!kn::pixel_bwd_step(p, batch[k], px, py, prm, out)) continue;
+            // Every thread of the block walks the same k, so each warp sums its pixels' gradients
+            // for splat k and one lane adds them: SPLAT_GRADS atomics per warp instead of per
+            // pixel, as gsplat reduces before its atomics.
+            const bool mine =
+                bi * kn::SPLAT_BATCH + k < my_n && kn::pixel_bwd_step(p, batch[k], px, py, prm, out);
+            if (!__any_sync(0xffffffffu, mine)) continue;
             T* g = grads + (int64_t)kn::SPLAT_GRADS * batch_id[k];
-            for (int q = 0; q < kn::SPLAT_GRADS; ++q) atomic_add(g + q, out[q]);
+            for (int q = 0; q < kn::SPLAT_GRADS; ++q) {
+                const T sum = warp_sum(mine ? out[q] : T(0));
+                if ((threadIdx.x & 31) == 0) atomic_add(g + q, sum);
+            }
         }
     }
 }

@@ -179,32 +179,3 @@ KN_HD int splat_tiles_x(int W) { return (W + SPLAT_TILE - 1) / SPLAT_TILE; }
 KN_HD int splat_tiles_y(int H) { return (H + SPLAT_TILE - 1) / SPLAT_TILE; }
 
 }  // namespace kn
-
-// ---------------------------------------------------------------------------------------------
-// CUDA launchers (splat.cu) over raw device pointers + a stream; dtype 0 = float32, 1 = float64.
-// grads (N, SPLAT_GRADS) must be zeroed by the caller. Tiled: tile_offsets (n_tiles + 1),
-// tile_ids (per-tile splat indices, each tile's run in depth order).
-#if defined(__CUDACC__) || defined(KN_SPLAT_CUDA)
-#include <cuda_runtime_api.h>
-
-namespace kn_cuda {
-
-cudaError_t splat_naive_forward(int dtype, int H, int W, int64_t n, const void* means, const void* conics,
-                                const void* colors, const void* opac, double alpha_min, double alpha_max,
-                                double stop_T, void* out_rgb, void* out_T, int32_t* out_n, cudaStream_t stream);
-cudaError_t splat_naive_backward(int dtype, int H, int W, const void* means, const void* conics, const void* colors,
-                                 const void* opac, double alpha_min, double alpha_max, double stop_T,
-                                 const void* fin_T, const int32_t* fin_n, const void* g_rgb, const void* g_T,
-                                 void* grads, cudaStream_t stream);
-cudaError_t splat_tiled_forward(int dtype, int H, int W, const int64_t* tile_offsets, const int32_t* tile_ids,
-                                const void* means, const void* conics, const void* colors, const void* opac,
-                                double alpha_min, double alpha_max, double stop_T, void* out_rgb, void* out_T,
-                                int32_t* out_n, cudaStream_t stream);
-cudaError_t splat_tiled_backward(int dtype, int H, int W, const int64_t* tile_offsets, const int32_t* tile_ids,
-                                 const void* means, const void* conics, const void* colors, const void* opac,
-                                 double alpha_min, double alpha_max, double stop_T, const void* fin_T,
-                                 const int32_t* fin_n, const void* g_rgb, const void* g_T, void* grads,
-                                 cudaStream_t stream);
-
-}  // namespace kn_cuda
-#endif

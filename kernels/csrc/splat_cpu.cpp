@@ -1,26 +1,18 @@
-// Torch binding of the splat compositors: OpenMP loops over the bodies in splat.h on the CPU and,
-// when built with -DKN_SPLAT_CUDA next to splat.cu, the CUDA launchers for CUDA tensors.
-// Its own extension (kernels/splat.py builds it), so it never waits on the other kernels' build.
+// CPU torch binding of the splat compositors: OpenMP loops over the bodies in splat.h. Same
+// functions and checks (binding_checks.h) as splat_cuda_binding.cpp. Its own extension
+// (kernels._ext.SPLAT), so it never waits on the NeRF kernels' build.
 #include <torch/extension.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <vector>
 
+#include "binding_checks.h"
 #include "splat.h"
-
-#if defined(KN_SPLAT_CUDA)
-#include <c10/cuda/CUDAStream.h>
-#endif
 
 namespace {
 
-int n_threads() { return std::max(1, at::get_num_threads()); }
-
-void check(const at::Tensor& t, const char* name, const at::Tensor& like) {
-    TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-    TORCH_CHECK(t.device() == like.device(), name, " must be on ", like.device());
-}
+using kn_bind::n_threads;
 
 struct Inputs {
     at::Tensor means, conics, colors, opac;
@@ -28,19 +20,9 @@ struct Inputs {
 };
 
 Inputs inputs(const at::Tensor& means, const at::Tensor& conics, const at::Tensor& colors, const at::Tensor& opac) {
-    const int64_t n = means.size(0);
-    TORCH_CHECK(means.dim() == 2 && means.size(1) == 2, "means2d must be (N, 2)");
-    TORCH_CHECK(conics.dim() == 2 && conics.size(0) == n && conics.size(1) == 3, "conics must be (N, 3)");
-    TORCH_CHECK(colors.dim() == 2 && colors.size(0) == n && colors.size(1) == 3, "colors must be (N, 3)");
-    TORCH_CHECK(opac.dim() == 1 && opac.size(0) == n, "opacities must be (N,)");
-    const auto st = means.scalar_type();
-    TORCH_CHECK(st == at::kFloat || st == at::kDouble, "splat tensors must be float32 or float64");
-    for (const auto* t : {&conics, &colors, &opac}) TORCH_CHECK(t->scalar_type() == st, "splat tensors must share a dtype");
-    check(means, "means2d", means);
-    check(conics, "conics", means);
-    check(colors, "colors", means);
-    check(opac, "opacities", means);
-    return {means, conics, colors, opac, n};
+    TORCH_CHECK(means.is_cpu(), "splat: this is the CPU module, got a tensor on ", means.device());
+    kn_bind::check_splats(means, conics, colors, opac);
+    return {means, conics, colors, opac, means.size(0)};
 }
 
 template <typename T>
@@ -154,10 +136,12 @@ void tiled_bwd_cpu(int H, int W, const int64_t* off, const int32_t* ids, const I
             const int x0 = (tile % tx) * kn::SPLAT_TILE, y0 = (tile / tx) * kn::SPLAT_TILE;
             const int tw = std::min(kn::SPLAT_TILE, W - x0), th = std::min(kn::SPLAT_TILE, H - y0);
             int32_t deepest = 0;
+            // A pixel never walks past its tile's list, whatever n_contrib says.
+            const int32_t listed = (int32_t)(off[tile + 1] - off[tile]);
             for (int q = 0; q < tw * th; ++q) {
                 const int64_t pix = (int64_t)(y0 + q / tw) * W + x0 + q % tw;
                 px[q] = kn::pixel_bwd_init<T>(fT[pix], gr + 3 * pix, gT[pix]);
-                pn[q] = fn[pix];
+                pn[q] = std::min(fn[pix], listed);
                 deepest = std::max(deepest, pn[q]);
             }
             const int64_t start = off[tile];
@@ -185,47 +169,11 @@ std::vector<at::Tensor> alloc_fwd(int64_t H, int64_t W, const at::Tensor& like) 
             at::zeros({H, W}, like.options().dtype(at::kInt))};
 }
 
-void check_tiles(const at::Tensor& off, const at::Tensor& ids, int64_t H, int64_t W, const at::Tensor& like) {
-    const int64_t n_tiles = (int64_t)kn::splat_tiles_x((int)W) * kn::splat_tiles_y((int)H);
-    TORCH_CHECK(off.scalar_type() == at::kLong && off.numel() == n_tiles + 1, "tile_offsets must be int64 (n_tiles + 1,)");
-    TORCH_CHECK(ids.scalar_type() == at::kInt, "tile_ids must be int32");
-    check(off, "tile_offsets", like);
-    check(ids, "tile_ids", like);
-}
-
-void check_bwd(const at::Tensor& fT, const at::Tensor& fn, const at::Tensor& gr, const at::Tensor& gT, int64_t H,
-               int64_t W, const at::Tensor& like) {
-    TORCH_CHECK(fT.numel() == H * W && fn.numel() == H * W && gT.numel() == H * W && gr.numel() == H * W * 3,
-                "backward buffers must match the image size");
-    TORCH_CHECK(fn.scalar_type() == at::kInt, "n_contrib must be int32");
-    TORCH_CHECK(fT.scalar_type() == like.scalar_type() && gr.scalar_type() == like.scalar_type() &&
-                    gT.scalar_type() == like.scalar_type(), "backward buffers must share the splats' dtype");
-    check(fT, "final_T", like);
-    check(fn, "n_contrib", like);
-    check(gr, "grad_rgb", like);
-    check(gT, "grad_T", like);
-}
-
-#if defined(KN_SPLAT_CUDA)
-void cuda_ok(cudaError_t e) { TORCH_CHECK(e == cudaSuccess, "splat CUDA launch failed: ", cudaGetErrorString(e)); }
-int dtype_code(const at::Tensor& t) { return t.scalar_type() == at::kDouble ? 1 : 0; }
-#endif
-
 std::vector<at::Tensor> naive_forward(const at::Tensor& means, const at::Tensor& conics, const at::Tensor& colors,
                                       const at::Tensor& opac, int64_t H, int64_t W, double a0, double a1, double st) {
     const Inputs in = inputs(means, conics, colors, opac);
+    kn_bind::check_image(H, W);
     auto out = alloc_fwd(H, W, means);
-    if (means.is_cuda()) {
-#if defined(KN_SPLAT_CUDA)
-        cuda_ok(kn_cuda::splat_naive_forward(dtype_code(means), (int)H, (int)W, in.n, means.data_ptr(), conics.data_ptr(),
-                                             colors.data_ptr(), opac.data_ptr(), a0, a1, st, out[0].data_ptr(),
-                                             out[1].data_ptr(), out[2].data_ptr<int32_t>(),
-                                             c10::cuda::getCurrentCUDAStream().stream()));
-        return out;
-#else
-        TORCH_CHECK(false, "this splat extension was built without CUDA");
-#endif
-    }
     AT_DISPATCH_FLOATING_TYPES(means.scalar_type(), "splat_naive_forward", [&] {
         naive_fwd_cpu<scalar_t>((int)H, (int)W, in, params<scalar_t>(a0, a1, st), out[0].data_ptr<scalar_t>(),
                                 out[1].data_ptr<scalar_t>(), out[2].data_ptr<int32_t>());
@@ -237,19 +185,9 @@ at::Tensor naive_backward(const at::Tensor& means, const at::Tensor& conics, con
                           const at::Tensor& opac, int64_t H, int64_t W, double a0, double a1, double st,
                           const at::Tensor& fT, const at::Tensor& fn, const at::Tensor& gr, const at::Tensor& gT) {
     const Inputs in = inputs(means, conics, colors, opac);
-    check_bwd(fT, fn, gr, gT, H, W, means);
+    kn_bind::check_image(H, W);
+    kn_bind::check_splat_backward(fT, fn, gr, gT, H, W, means, in.n);
     auto grads = at::zeros({in.n, kn::SPLAT_GRADS}, means.options());
-    if (means.is_cuda()) {
-#if defined(KN_SPLAT_CUDA)
-        cuda_ok(kn_cuda::splat_naive_backward(dtype_code(means), (int)H, (int)W, means.data_ptr(), conics.data_ptr(),
-                                              colors.data_ptr(), opac.data_ptr(), a0, a1, st, fT.data_ptr(),
-                                              fn.data_ptr<int32_t>(), gr.data_ptr(), gT.data_ptr(), grads.data_ptr(),
-                                              c10::cuda::getCurrentCUDAStream().stream()));
-        return grads;
-#else
-        TORCH_CHECK(false, "this splat extension was built without CUDA");
-#endif
-    }
     AT_DISPATCH_FLOATING_TYPES(means.scalar_type(), "splat_naive_backward", [&] {
         naive_bwd_cpu<scalar_t>((int)H, (int)W, in, params<scalar_t>(a0, a1, st), fT.data_ptr<scalar_t>(),
                                 fn.data_ptr<int32_t>(), gr.data_ptr<scalar_t>(), gT.data_ptr<scalar_t>(),
@@ -262,20 +200,9 @@ std::vector<at::Tensor> tiled_forward(const at::Tensor& means, const at::Tensor&
                                       const at::Tensor& opac, int64_t H, int64_t W, const at::Tensor& off,
                                       const at::Tensor& ids, double a0, double a1, double st) {
     const Inputs in = inputs(means, conics, colors, opac);
-    check_tiles(off, ids, H, W, means);
+    kn_bind::check_image(H, W);
+    kn_bind::check_tiles(off, ids, H, W, in.n, means.device());
     auto out = alloc_fwd(H, W, means);
-    if (means.is_cuda()) {
-#if defined(KN_SPLAT_CUDA)
-        cuda_ok(kn_cuda::splat_tiled_forward(dtype_code(means), (int)H, (int)W, off.data_ptr<int64_t>(),
-                                             ids.data_ptr<int32_t>(), means.data_ptr(), conics.data_ptr(),
-                                             colors.data_ptr(), opac.data_ptr(), a0, a1, st, out[0].data_ptr(),
-                                             out[1].data_ptr(), out[2].data_ptr<int32_t>(),
-                                             c10::cuda::getCurrentCUDAStream().stream()));
-        return out;
-#else
-        TORCH_CHECK(false, "this splat extension was built without CUDA");
-#endif
-    }
     AT_DISPATCH_FLOATING_TYPES(means.scalar_type(), "splat_tiled_forward", [&] {
         tiled_fwd_cpu<scalar_t>((int)H, (int)W, off.data_ptr<int64_t>(), ids.data_ptr<int32_t>(), in,
                                 params<scalar_t>(a0, a1, st), out[0].data_ptr<scalar_t>(), out[1].data_ptr<scalar_t>(),
@@ -289,21 +216,10 @@ at::Tensor tiled_backward(const at::Tensor& means, const at::Tensor& conics, con
                           double a0, double a1, double st, const at::Tensor& fT, const at::Tensor& fn,
                           const at::Tensor& gr, const at::Tensor& gT) {
     const Inputs in = inputs(means, conics, colors, opac);
-    check_tiles(off, ids, H, W, means);
-    check_bwd(fT, fn, gr, gT, H, W, means);
+    kn_bind::check_image(H, W);
+    kn_bind::check_tiles(off, ids, H, W, in.n, means.device());
+    kn_bind::check_splat_backward(fT, fn, gr, gT, H, W, means, kn_bind::longest_tile(off));
     auto grads = at::zeros({in.n, kn::SPLAT_GRADS}, means.options());
-    if (means.is_cuda()) {
-#if defined(KN_SPLAT_CUDA)
-        cuda_ok(kn_cuda::splat_tiled_backward(dtype_code(means), (int)H, (int)W, off.data_ptr<int64_t>(),
-                                              ids.data_ptr<int32_t>(), means.data_ptr(), conics.data_ptr(),
-                                              colors.data_ptr(), opac.data_ptr(), a0, a1, st, fT.data_ptr(),
-                                              fn.data_ptr<int32_t>(), gr.data_ptr(), gT.data_ptr(), grads.data_ptr(),
-                                              c10::cuda::getCurrentCUDAStream().stream()));
-        return grads;
-#else
-        TORCH_CHECK(false, "this splat extension was built without CUDA");
-#endif
-    }
     AT_DISPATCH_FLOATING_TYPES(means.scalar_type(), "splat_tiled_backward", [&] {
         tiled_bwd_cpu<scalar_t>((int)H, (int)W, off.data_ptr<int64_t>(), ids.data_ptr<int32_t>(), in,
                                 params<scalar_t>(a0, a1, st), fT.data_ptr<scalar_t>(), fn.data_ptr<int32_t>(),

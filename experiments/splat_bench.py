@@ -1,4 +1,4 @@
-"""Splat compositor benchmark: `python -m kernels.splat_bench` (kernels.bench runs it too).
+"""Splat compositor benchmark: `python -m experiments.splat_bench` (experiments.kernels_bench runs it too).
 
 Seed 002's scene: Gaussians on a unit sphere shell seen from 3 units at 256 px (fx = 300),
 tangential scale 0.06 * sqrt(2500 / n), so coverage stays alike as n grows. One JSON line per
