@@ -15,6 +15,7 @@ header is never served from a stale cache.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -187,7 +188,8 @@ def nvcc_command(source: CudaSource, out: Path, arch_flags: list[str]) -> list[s
 
 def _compile_objects(ext: Extension, out: Path) -> list[str]:
     arch = cuda_arch_flags()
-    objs = out / "objects"
+    # Per architecture list: objects built for another GPU must not be linked for this one.
+    objs = out / ("objects-" + hashlib.sha256(" ".join(arch).encode()).hexdigest()[:8])
     objs.mkdir(parents=True, exist_ok=True)
 
     def one(src: CudaSource) -> str:
@@ -241,7 +243,13 @@ def load(ext: Extension, device_type: str):
             build_directory=str(out),
             verbose=bool(os.environ.get("KERNELS_VERBOSE")),
         )
+        # cpp_extension serialises builders with a baton file that a killed builder leaves
+        # behind, after which every later build waits forever. An flock dies with its holder:
+        # whoever holds it is the only builder, so a baton it finds is stale.
+        lock = open(out / "build.flock", "w")  # held until the build ends
         try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            (out / "lock").unlink(missing_ok=True)
             if device_type == "cpu":
                 mod = cpp.load(
                     sources=[str(CSRC / ext.cpu_binding)],
@@ -265,6 +273,8 @@ def load(ext: Extension, device_type: str):
                 f"building the {device_type.upper()} {ext.name} extension failed "
                 f"({type(exc).__name__}): {exc}"
             ) from exc
+        finally:
+            lock.close()
         _loaded[key] = mod
         return mod
 

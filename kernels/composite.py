@@ -11,7 +11,18 @@ EARLY_STOP_T = 1e-4
 
 
 def ray_offsets(ray_indices: torch.Tensor, n_rays: int) -> torch.Tensor:
-    """(n_rays + 1,) int64 start offsets of each ray's samples; ray_indices must be sorted."""
+    """Start of each ray's samples in a packed array.
+
+    Args:
+        ray_indices: (S,) int, the ray of each sample, non-decreasing, in [0, n_rays).
+        n_rays: number of rays.
+
+    Returns:
+        (n_rays + 1,) int64 offsets: ray r owns samples [offsets[r], offsets[r + 1]).
+
+    Raises:
+        ValueError: ray_indices unsorted or outside [0, n_rays).
+    """
     ri = ray_indices.long()
     if ri.numel() and ((ri[1:] < ri[:-1]).any() or ri[0] < 0 or ri[-1] >= n_rays):
         raise ValueError(
@@ -111,12 +122,29 @@ def composite(
     offsets: torch.Tensor | None = None,
     backend: str = "ext",
 ):
-    """Composite packed samples -> (rgb (n_rays, 3), depth (n_rays,), opacity (n_rays,)).
+    """Volume-render packed samples: alpha = 1 - exp(-sigma * dt), weight = T * alpha.
 
-    alpha = 1 - exp(-sigma * dt), weight = T * alpha, stop once T < 1e-4. depth is the
-    weight-sum of interval midpoints (not divided by opacity). background (scalar, (3,) or
-    (n_rays, 3)) fills (1 - opacity). Samples must be sorted by ray, as march_rays returns them;
-    pass its `offsets` to skip recomputing them. Differentiable w.r.t. sigmas and rgbs.
+    A ray stops once its transmittance T drops below 1e-4; later samples get zero weight and zero
+    gradient. Differentiable w.r.t. sigmas and rgbs.
+
+    Args:
+        sigmas: (S,) or (S, 1) densities, S samples of all rays packed, sorted by ray.
+        rgbs: (S, 3) colours. Half precision (autocast) is cast to the sigmas' float dtype.
+        t_starts: (S,) interval starts along each ray, in units of |rays_d|.
+        t_ends: (S,) interval ends.
+        ray_indices: (S,) int, the ray of each sample, non-decreasing, in [0, n_rays).
+        n_rays: number of rays.
+        background: None, a scalar, (3,) or (n_rays, 3); fills the remaining 1 - opacity.
+        offsets: (n_rays + 1,) int64 start of each ray's samples (march_rays returns them); saves
+            recomputing them. Checked: starts at 0, ends at S, never decreases.
+        backend: "ext" (compiled, CPU or CUDA by the tensors' device) or "reference" (pure torch).
+
+    Returns:
+        rgb (n_rays, 3), depth (n_rays,) = sum(weight * t_mid), not divided by opacity, and
+        opacity (n_rays,) = sum(weight), in the sigmas' dtype (float32 for half inputs).
+
+    Raises:
+        ValueError: mismatched shapes, unsorted or out-of-range ray_indices, invalid offsets.
     """
     _check_backend(backend)
     s = sigmas.reshape(-1)

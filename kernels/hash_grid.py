@@ -173,6 +173,15 @@ class HashGrid(nn.Module):
             self.params.uniform_(-1e-4, 1e-4)
 
     def forward(self, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+        """Encode points; gradients flow to the table `params` only.
+
+        Args:
+            x: (N, n_input_dims) points in [0, 1]^d (clamped; NaN -> 0), cast to the table dtype.
+            backend: "ext" or "reference"; default the module's.
+
+        Returns:
+            (N, n_levels * n_features_per_level) features, level-major.
+        """
         backend = backend or self.backend
         _check_backend(backend)
         if x.dim() != 2 or x.shape[1] != self.n_input_dims:

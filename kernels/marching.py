@@ -52,11 +52,33 @@ def march_rays(
     generator: torch.Generator | None = None,
     backend: str | None = None,
 ) -> PackedSamples:
-    """March rays (N, 3) through `aabb` (default: the grid's outer cascade box), skipping empty cells.
+    """March rays through a box, skipping the grid's empty cells, into packed samples.
 
-    Steps are render_step_size (default: the grid's step size, or sqrt(3)*side/1024), or with
-    cone_angle > 0, clamp(t * cone_angle, render_step_size, max_step). near/far are scalars or
-    (N,) tensors. stratified=True jitters each ray's first sample by U[0,1) of a step (training).
+    Occupancy is tested at each interval's midpoint; an empty cell is skipped at the coarsest
+    empty mip around it, in whole steps, so samples stay on one lattice along the ray.
+
+    Args:
+        rays_o: (N, 3) origins (cast to float32).
+        rays_d: (N, 3) directions; t is in units of |rays_d|.
+        grid: an OccupancyGrid, or None to march `aabb` without skipping.
+        aabb: [xmin, ymin, zmin, xmax, ymax, zmax]; default the grid's outer cascade box, and
+            always intersected with it when a grid is given.
+        near: scalar or (N,) start of each ray.
+        far: scalar or (N,) end of each ray.
+        render_step_size: step length; default the grid's step size, or sqrt(3) * side / 1024.
+        cone_angle: 0 for constant steps, else dt = clamp(t * cone_angle, step, max_step).
+        max_step: the largest step with a cone angle.
+        max_samples: at most this many samples per ray (>= 1).
+        stratified: shift each ray's start by U[0, 1) of a step (training).
+        generator: torch.Generator for that jitter.
+        backend: "ext" or "reference"; default the grid's backend, else "ext".
+
+    Returns:
+        PackedSamples: ray_indices (S,) int64, t_starts (S,) and t_ends (S,) float32, offsets
+        (N + 1,) int64 and counts (N,) int64; sorted by ray, then t, with no padding.
+
+    Raises:
+        ValueError: mismatched ray shapes, no grid and no aabb, a step or max_samples out of range.
     """
     backend = backend or (grid.backend if grid is not None else "ext")
     _check_backend(backend)

@@ -169,7 +169,14 @@ class OccupancyGrid(nn.Module):
         """One EMA update: density = max(density * decay, new samples) over every cell, then binarize.
 
         Warmup samples every cell; afterwards a quarter of the cells at random plus a quarter drawn
-        from the currently occupied ones (instant-ngp). density_fn maps (N, 3) world points to sigma (N,) or (N, 1).
+        from the currently occupied ones (instant-ngp), each point jittered inside its cell.
+
+        Args:
+            density_fn: (N, 3) world points -> sigma (N,) or (N, 1); called in chunks.
+            warmup: sample every cell.
+            decay: EMA factor applied to every cell first.
+            threshold: optical thickness above which a cell is occupied (capped by the mean).
+            chunk: points per density_fn call.
         """
         dev = self.density.device
         fresh = torch.zeros_like(self.density)
@@ -215,7 +222,12 @@ class OccupancyGrid(nn.Module):
     def binarize(
         self, threshold: float = MIN_OPTICAL_THICKNESS, backend: str | None = None
     ) -> None:
-        """Recompute the bitfield: occupied where density > min(threshold, mean density)."""
+        """Recompute the bitfield `bits` (C, bytes): occupied where density > min(threshold, mean).
+
+        Args:
+            threshold: optical-thickness threshold (instant-ngp's 0.01).
+            backend: "ext" or "reference"; default the grid's.
+        """
         backend = backend or self.backend
         thresh = min(threshold, float(self.density.clamp_min(0).mean()))
         if backend == "reference":
@@ -226,7 +238,15 @@ class OccupancyGrid(nn.Module):
             )
 
     def occupancy(self, cascade: int = 0, mip: int = 0) -> torch.Tensor:
-        """Occupancy of one cascade/mip as a bool (r, r, r) array indexed [x, y, z]."""
+        """Occupancy of one cascade and mip, to inspect or save.
+
+        Args:
+            cascade: 0 (the aabb) .. n_cascades - 1.
+            mip: 0 (full resolution) .. log2(resolution).
+
+        Returns:
+            bool (r, r, r) indexed [x, y, z], r = resolution >> mip.
+        """
         layout = bitfield_layout(self.resolution)
         r = self.resolution >> mip
         flat = _unpack(self.bits[cascade, layout[mip] : layout[mip + 1]], r**3)
@@ -236,7 +256,15 @@ class OccupancyGrid(nn.Module):
         return out
 
     def is_occupied(self, points: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-        """Whether each world point (N, 3) lies in an occupied cell of the finest cascade containing it."""
+        """Whether world points lie in an occupied cell of the finest cascade containing them.
+
+        Args:
+            points: (..., 3) world points (cast to float32).
+            backend: "ext" or "reference"; default the grid's.
+
+        Returns:
+            (N,) bool, N = points.numel() // 3; False outside every cascade.
+        """
         backend = backend or self.backend
         _check_backend(backend)
         pts = points.reshape(-1, 3).float().contiguous()

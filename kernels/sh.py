@@ -54,7 +54,19 @@ class _ShFn(torch.autograd.Function):
 
 
 def sh_encode(dirs: torch.Tensor, degree: int = 4, backend: str = "ext") -> torch.Tensor:
-    """Real SH basis of unit directions (N, 3) -> (N, degree^2); tiny-cuda-nn's order and signs."""
+    """Real spherical-harmonics basis of unit directions, in tiny-cuda-nn's order and signs.
+
+    Args:
+        dirs: (N, 3) unit directions in [-1, 1]^3 (not remapped to [0, 1]), float32 or float64.
+        degree: 1..4.
+        backend: "ext" or "reference". Gradients to dirs go through the reference's autograd.
+
+    Returns:
+        (N, degree**2) basis values in the dirs' dtype.
+
+    Raises:
+        ValueError: dirs not (N, 3), degree outside 1..4, or (compiled) a half-precision dtype.
+    """
     _check_backend(backend)
     if dirs.dim() != 2 or dirs.shape[1] != 3:
         raise ValueError(f"sh_encode expects (N, 3) directions, got {tuple(dirs.shape)}")

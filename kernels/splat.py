@@ -35,7 +35,18 @@ def tile_bins(
     width: int,
     alpha_min: float = ALPHA_MIN,
 ):
-    """Per-tile splat lists: (tile_offsets int64 (n_tiles + 1,), tile_ids int32 (M,)).
+    """Per-tile splat lists for the tiled compositor.
+
+    Args:
+        means2d: (N, 2) centres in pixels, in depth order.
+        conics: (N, 3) inverse 2D covariances.
+        opacities: (N,).
+        height, width: image size in pixels.
+        alpha_min: the alpha below which a splat does not count at a pixel.
+
+    Returns:
+        tile_offsets int64 (n_tiles + 1,) and tile_ids int32 (M,): tile t (row-major, 16x16 px)
+        lists splats tile_ids[tile_offsets[t]:tile_offsets[t + 1]] in depth order.
 
     A splat can reach alpha >= alpha_min only where d^T conic d <= 2 ln(o / alpha_min); it goes
     to every tile its axis-aligned box of that ellipse (plus half a pixel against round-off)
@@ -228,12 +239,29 @@ def rasterize(
     alpha_max: float = ALPHA_MAX,
     stop_T: float = STOP_T,
 ):
-    """Composite 2D splats -> (rgb (H, W, 3), transmittance (H, W)).
+    """Composite 2D splats front to back; differentiable w.r.t. means2d, conics, colors, opacities.
 
-    `depths` (N,): sort near to far first (otherwise the input order is the depth order).
-    `background` (scalar or (3,)) fills the remaining transmittance. method: "tiled" (16x16
-    tiles, shared-memory batches), "naive" (seed 002: every pixel walks every splat) or
-    "reference" (pure torch).
+    Args:
+        means2d: (N, 2) centres in pixels (pixel (x, y) has its centre at (x + 0.5, y + 0.5)).
+        conics: (N, 3) (A, B, C) of the inverse 2D covariance.
+        colors: (N, 3).
+        opacities: (N,).
+        height: image rows H.
+        width: image columns W.
+        background: None, a scalar or (3,); fills the remaining transmittance.
+        depths: (N,) to sort near to far first; None: the input order is the depth order.
+        method: "tiled" (16x16 tiles, shared-memory batches), "naive" (seed 002: every pixel walks
+            every splat) or "reference" (pure torch).
+        alpha_min: splats below this alpha at a pixel are skipped (1/255).
+        alpha_max: alpha clamp (0.99).
+        stop_T: a pixel stops after the splat that takes its transmittance below this.
+
+    Returns:
+        rgb (H, W, 3) and final transmittance (H, W), in the means' dtype.
+
+    Raises:
+        ValueError: mismatched shapes, a non-positive size, an unknown method, or (compiled) a
+            dtype other than float32/float64.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")

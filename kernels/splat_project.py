@@ -47,6 +47,15 @@ def quat_to_rotmat(q: torch.Tensor) -> torch.Tensor:
 
 
 def covariance_3d(scales: torch.Tensor, quats: torch.Tensor) -> torch.Tensor:
+    """3D covariances R S S^T R^T of Gaussians.
+
+    Args:
+        scales: (N, 3) standard deviations along the Gaussian's own axes.
+        quats: (N, 4) rotations (w, x, y, z), any norm.
+
+    Returns:
+        (N, 3, 3) symmetric covariances, differentiable w.r.t. both inputs.
+    """
     m = quat_to_rotmat(quats) * scales[:, None, :]
     return m @ m.transpose(-1, -2)
 
@@ -72,7 +81,21 @@ def project_gaussians(
     near: float = Z_NEAR,
     dilation: float = DILATION,
 ) -> Projected:
-    """Project (N, 3) means with (N, 3, 3) covariances; differentiable w.r.t. both."""
+    """EWA-project 3D Gaussians into a pinhole camera (3DGS); differentiable w.r.t. means and covs.
+
+    Args:
+        means3d: (N, 3) world-space centres.
+        cov3d: (N, 3, 3) world-space covariances.
+        c2w: (4, 4) camera-to-world, OpenGL axes (columns right, up, back).
+        fx, fy, cx, cy: intrinsics in pixels (v grows downwards).
+        width, height: image size in pixels (bounds the Jacobian's field-of-view clamp).
+        near: Gaussians at or closer than this depth are not visible.
+        dilation: added to the 2D covariance's diagonal (3DGS's 0.3 px low-pass).
+
+    Returns:
+        Projected: means2d (N, 2), conics (N, 3), depths (N,), radii (N,) and visible (N,) bool;
+        entries of invisible Gaussians are finite but meaningless.
+    """
     c2w = torch.as_tensor(c2w, dtype=means3d.dtype, device=means3d.device)
     r, t = world_to_camera(c2w)
     p = means3d @ r.T + t

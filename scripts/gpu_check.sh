@@ -39,7 +39,8 @@ echo "$info"
 # TORCH_CUDA_ARCH_LIST the backend compiles for the visible GPUs only.
 timeout 240 "$PY" -m kernels.build --require-cuda || status=1
 
-CUDA_TESTS="tests/kernels/test_cuda_parity.py tests/kernels/test_splat.py::test_cuda_matches_cpu_reference"
+# -k cuda: the CUDA cases of these files (test_bindings.py runs each check on cpu, cuda, cuda:1)
+CUDA_TESTS="tests/kernels/test_cuda_parity.py tests/kernels/test_splat.py::test_cuda_matches_cpu_reference tests/kernels/test_bindings.py"
 SPLAT_CUDA="tests/kernels/test_splat.py::test_cuda_matches_cpu_reference"
 
 # stage NAME LIMIT_S CMD...: runs CMD, prints one JSON line with its pytest summary
@@ -57,7 +58,7 @@ stage() {
   rm -f "$log"
 }
 
-PYTEST=("$PY" -m pytest -q -p no:cacheprovider)
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider -k cuda)
 # The stage limits add up to 10 minutes. parity: the CUDA tests, each held against the references
 # and the CPU build (the CPU tests themselves run in CI).
 stage parity 60 "${PYTEST[@]}" $CUDA_TESTS
@@ -69,7 +70,7 @@ if [ -z "$SAN" ] && [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/compute-sani
 if [ -z "$SAN" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then SAN=/usr/local/cuda/bin/compute-sanitizer; fi
 if [ -n "$SAN" ]; then
   # No caching allocator: each tensor is its own allocation, so memcheck sees a read past it.
-  stage memcheck 90 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SAN" --tool memcheck --error-exitcode 1 \
+  stage memcheck 90 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SAN" --tool memcheck --error-exitcode 1 --report-api-errors no \
     --target-processes all "${PYTEST[@]}" $CUDA_TESTS
   stage racecheck 45 "$SAN" --tool racecheck --error-exitcode 1 --target-processes all \
     "${PYTEST[@]}" $SPLAT_CUDA

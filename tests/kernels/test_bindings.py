@@ -193,7 +193,7 @@ def test_splat_tiles_and_backward_buffers_are_checked(dev):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_second_gpu_matches_cpu_while_the_first_is_current():
+def test_cuda_second_device_matches_cpu_while_the_first_is_current():
     torch.cuda.set_device(0)
     means, conics, colors, opac, off, ids, h, w = splat_inputs("cpu")
     ref, _ = kernels.rasterize(means, conics, colors, opac, h, w)
