@@ -3,13 +3,17 @@ the worker (runs, finishes). Same rules as job.json: atomic replace, read-modify
 flock, so lock-free readers never see half a file.
 
 An export's id is a digest of its format and options: asking twice for the same export answers
-the one already made (or being made) instead of running it again."""
+the one already made (or being made) instead of running it again. The worker running an export
+holds an flock on `<id>.run` (`running()`); a `running` export whose lock is free lost its
+worker (killed, restarted), and asking for it again starts it again."""
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from api_schemas.exports import Export, ExportFormat, ExportStatus
@@ -46,6 +50,24 @@ class ExportStore:
             raise ExportNotFound(eid)
         return self._paths(job_id).exports / f"{eid}.json"
 
+    @contextmanager
+    def running(self, job_id: str, eid: str) -> Iterator[None]:
+        """Held by the worker for the whole export; the kernel drops it however the worker dies."""
+        path = self._file(job_id, eid).with_suffix(".run")
+        with open(path, "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            yield
+
+    def _orphaned(self, job_id: str, export: Export) -> bool:
+        if export.status != ExportStatus.running:
+            return False
+        try:
+            with open(self._file(job_id, export.id).with_suffix(".run"), "a+") as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+        except BlockingIOError:
+            return False
+
     def get(self, job_id: str, eid: str) -> Export:
         try:
             return Export.model_validate_json(self._file(job_id, eid).read_bytes())
@@ -66,7 +88,8 @@ class ExportStore:
         self, job_id: str, fmt: ExportFormat, options: dict[str, Any]
     ) -> tuple[Export, bool]:
         """The export for these format and options, and whether it was (re)created just now: a
-        failed one is started again, anything else is answered as it stands."""
+        failed one, or a running one whose worker is gone, is started again; anything else is
+        answered as it stands."""
         eid = export_id(fmt, options)
         paths = self._paths(job_id)
         paths.exports.mkdir(parents=True, exist_ok=True)
@@ -77,7 +100,11 @@ class ExportStore:
                     current = self.get(job_id, eid)
                 except (ExportNotFound, ValueError):
                     current = None
-                if current is not None and current.status != ExportStatus.failed:
+                if (
+                    current is not None
+                    and current.status != ExportStatus.failed
+                    and not self._orphaned(job_id, current)
+                ):
                     return current, False
                 now = utcnow()
                 export = Export(

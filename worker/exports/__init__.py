@@ -92,13 +92,21 @@ def execute(store: JobStore, job_id: str, export_id: str, load_checkpoint: Calla
     exports = ExportStore(store.storage)
     try:
         job = store.get(job_id)
-        export = exports.get(job_id, export_id)
+        exports.get(job_id, export_id)
     except (JobNotFound, ExportNotFound, ValueError):
         log.warning("nf.export: job %s has no export %s (deleted?)", job_id, export_id)
         return
-    if export.status == ExportStatus.succeeded:
-        return  # a redelivery of a finished export
-    exports.update(job_id, export_id, status=ExportStatus.running, error=None)
+    with exports.running(job_id, export_id):
+        # read under the lock: a second delivery of the same export waits here, then finds it done
+        export = exports.get(job_id, export_id)
+        if export.status == ExportStatus.succeeded:
+            return
+        exports.update(job_id, export_id, status=ExportStatus.running, error=None)
+        _run(store, exports, job, export, load_checkpoint)
+
+
+def _run(store: JobStore, exports: ExportStore, job, export, load_checkpoint: Callable) -> None:
+    job_id, export_id = job.id, export.id
     paths = store.storage.paths(job_id)
     try:
         maker = MAKERS.get(job.kind.value)
