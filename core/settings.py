@@ -62,10 +62,30 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = Field(
         None, description="file with one `name:token` (or `token`) per line"
     )
-    render_rate_per_min: float = Field(
-        120.0, gt=0, description="render + path requests per key per minute"
+    render_pixels_per_min: float = Field(
+        200_000_000, gt=0, description="rendered pixels (w*h*frames) per key per minute"
     )
-    render_burst: int = Field(30, ge=1, description="render + path requests a key may send at once")
+    render_pixel_burst: float = Field(
+        100_000_000, ge=1, description="rendered pixels a key may ask for at once"
+    )
+    max_render_result_mb: float = Field(
+        256, gt=0, description="cap on one encoded render result (413 past it)"
+    )
+    max_json_body_kb: float = Field(
+        64, gt=0, description="cap on every /v1 request body but the upload (413 past it)"
+    )
+    max_streams_per_key: int = Field(8, ge=1, description="open event streams per key (429)")
+
+    # Per-key quotas (service/quotas.py); 429 + Retry-After, 413 or 422 naming the setting.
+    quota_active_jobs: int = Field(4, ge=1, description="queued + running jobs per key")
+    quota_jobs_per_hour: int = Field(30, ge=1, description="jobs a key may submit per hour")
+    quota_stored_mb: float = Field(
+        20_480, gt=0, description="job folders (uploads, checkpoints, artifacts) per key"
+    )
+    max_train_steps: int = Field(200_000, ge=1, description="ceiling on a job's `steps`")
+    max_train_s: float = Field(
+        86_400, gt=0, description="ceiling on one training run's wall time (job fails past it)"
+    )
 
     # Worker side.
     torch_threads: int = Field(
@@ -81,6 +101,22 @@ class Settings(BaseSettings):
     # Redis redelivers an unacked (acks_late) task after this; it must outlast the longest
     # training, otherwise a second worker would train the same job concurrently.
     visibility_timeout_s: int = Field(43_200, gt=0)
+    # Poison and stranded jobs (worker/tasks.py).
+    max_worker_losses: int = Field(
+        3, ge=1, description="a training whose worker died this often fails"
+    )
+    lease_ttl_s: float = Field(
+        60.0, gt=0, description="a running job whose trainer stopped renewing this long is requeued"
+    )
+    reaper_interval_s: float = Field(
+        30.0, gt=0, description="how often train workers look for stranded jobs"
+    )
+    queued_grace_s: float = Field(
+        30.0, ge=0, description="a queued job missing from the broker this long is re-sent"
+    )
+    stale_upload_s: float = Field(
+        3600.0, gt=0, description="an upload folder without job.json idle this long is removed"
+    )
     broker_polling_interval_s: float = Field(0.2, gt=0, description="filesystem broker poll period")
     device: str | None = Field(
         None, description="torch device for the worker; default cuda if available"
@@ -94,6 +130,14 @@ class Settings(BaseSettings):
     @property
     def max_upload_bytes(self) -> int:
         return int(self.max_upload_mb * 1024 * 1024)
+
+    @property
+    def max_json_body_bytes(self) -> int:
+        return int(self.max_json_body_kb * 1024)
+
+    @property
+    def max_render_result_bytes(self) -> int:
+        return int(self.max_render_result_mb * 1024 * 1024)
 
     @property
     def jobs_dir(self) -> Path:

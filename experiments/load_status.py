@@ -8,7 +8,7 @@ DATA_DIR), trains a small job to render from, then starts a long training and le
 clients loose: each loops GET /v1/jobs/<training job> and, every --render-every requests,
 POST /render on the finished job. Prints request counts, every non-2xx answer, status and
 render latency percentiles, and the training's steps/s before and during the load.
-The render rate limit is raised for the run (RENDER_RATE_PER_MIN), since one key sends it all.
+The render rate limit is raised for the run (RENDER_PIXELS_PER_MIN), since one key sends it all.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def run(clients: int, seconds: float, render_every: int, out=print) -> dict:
                 "PYTHONUNBUFFERED": "1",
                 "BROKER_POLLING_INTERVAL_S": "0.05",
                 "API_KEYS": f"load:{TEST_KEY}",
-                "RENDER_RATE_PER_MIN": "1000000",
-                "RENDER_BURST": "100000",
+                "RENDER_PIXELS_PER_MIN": "1e12",
+                "RENDER_PIXEL_BURST": "1e12",
             }
         )
         stack = Stack(data_dir=data, log_dir=logs, env=env, port=free_port())

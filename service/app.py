@@ -9,16 +9,17 @@ import pkgutil
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute, iter_route_contexts
 
 import service.api.routes as routes_pkg
 from core.settings import Settings, get_settings
 from core.storage import get_storage
 from core.store import JobStore
-from service.api.deps import V1_DEPENDENCIES
-from service.api.upload_limit import UploadLimitMiddleware
+from service.api.deps import require_job_owner, require_key
+from service.api.gate import V1Gate
 from service.auth import KeyRing, install_log_redaction
 from service.queue import TaskQueue, make_client
-from service.ratelimit import TokenBucket
+from service.ratelimit import make_bucket
 from service.static import mount_web
 
 log = logging.getLogger(__name__)
@@ -27,24 +28,49 @@ DESCRIPTION = """Upload a photo (or posed photos), train a neural field on a Cel
 then render frames from it. See README.md for a walk-through."""
 
 
-def _include_routes(app: FastAPI) -> None:
+def _include_routes(app: FastAPI, package=routes_pkg) -> None:
     # Every module in service/api/routes with a `router` is mounted, so new route files
-    # (events, ...) need no edit here. A broken one is logged, not fatal for the rest.
-    for info in sorted(pkgutil.iter_modules(routes_pkg.__path__), key=lambda m: m.name):
-        name = f"{routes_pkg.__name__}.{info.name}"
-        try:
-            module = importlib.import_module(name)
-        except Exception:
-            log.exception("route module %s failed to import; skipped", name)
-            continue
+    # need no edit here. One that fails to import stops the API: a half-mounted API would
+    # answer 404 where a feature is missing and look healthy.
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
         router = getattr(module, "router", None)
         if router is not None:
-            # Every /v1 route needs an API key, and a {job_id} must belong to it (service/auth.py).
             private = any(getattr(r, "path", "").startswith("/v1") for r in router.routes)
-            app.include_router(
-                router,
-                dependencies=V1_DEPENDENCIES if private else None,
-                responses=V1_RESPONSES if private else None,
+            app.include_router(router, responses=V1_RESPONSES if private else None)
+    _check_guards(app)
+
+
+def _calls(dependant) -> set:
+    out = set()
+    for dep in dependant.dependencies:
+        out.add(dep.call)
+        out |= _calls(dep)
+    return out
+
+
+def api_routes(app: FastAPI) -> list:
+    """Every APIRoute as served (included routers flattened), for the guard check and tests."""
+    return [
+        ctx for ctx in iter_route_contexts(app.routes) if isinstance(ctx.original_route, APIRoute)
+    ]
+
+
+def _check_guards(app: FastAPI) -> None:
+    """Every /v1 route declares its API key dependency, and every one with path parameters
+    names the job in `{job_id}` and declares the ownership check (service/api/deps.py)."""
+    for route in api_routes(app):
+        if not route.path.startswith("/v1"):
+            continue
+        calls = _calls(route.dependant)
+        where = f"{sorted(route.methods)} {route.path}"
+        if require_key not in calls:
+            raise RuntimeError(f"{where} is under /v1 but declares no API key (deps.GUARDS)")
+        if route.param_convertors and (
+            "job_id" not in route.param_convertors or require_job_owner not in calls
+        ):
+            raise RuntimeError(
+                f"{where} takes path parameters but no owned {{job_id}} (deps.JOB_GUARDS / OWNER)"
             )
 
 
@@ -52,6 +78,7 @@ V1_RESPONSES = {
     400: {"description": "a body that is not valid JSON / multipart"},
     401: {"description": "no API key, or not a configured one (WWW-Authenticate: Bearer)"},
     404: {"description": "no such job for this API key (another key's job looks the same)"},
+    413: {"description": "body over MAX_JSON_BODY_KB (MAX_UPLOAD_MB on the upload)"},
 }
 
 
@@ -107,7 +134,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.queue = TaskQueue(make_client(settings), settings)
     app.state.keys = KeyRing.from_settings(settings)
     install_log_redaction()
-    app.state.render_limit = TokenBucket(settings.render_rate_per_min, settings.render_burst)
+    app.state.render_limit = make_bucket(
+        settings, settings.render_pixels_per_min, settings.render_pixel_burst, "render-pixels"
+    )
     if not len(app.state.keys):
         log.warning(
             "no API keys configured (API_KEYS / API_KEYS_FILE): every /v1 request will get 401"
@@ -115,7 +144,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     else:
         log.info("API keys loaded: %s", ", ".join(app.state.keys.names))
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_middleware(UploadLimitMiddleware, max_bytes=settings.max_upload_bytes)
+    app.add_middleware(V1Gate, keys=app.state.keys, settings=settings)
     _include_routes(app)
     mount_web(app)
     app.openapi = _error_schema(app)

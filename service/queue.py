@@ -1,13 +1,19 @@
-"""Celery client for the API: sends tasks by name so the API never imports worker code."""
+"""Celery client for the API: sends tasks by name so the API never imports worker code.
+
+Render waits are asynchronous: one poller per API process reads every pending result in a
+single batched call (Redis MGET, or the file backend's reads) and resolves the waiting
+requests' futures, so a thousand waiting renders cost one thread-hop per tick, not a thread
+each."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
-import time
 from functools import lru_cache
 from typing import Any
 
-from celery import Celery
+from celery import Celery, states
 
 from core.celery_config import (
     EXPORT_QUEUE,
@@ -21,6 +27,10 @@ from core.celery_config import (
     celery_config,
 )
 from core.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+POLL_S = 0.02
+MAX_POLL_S = 0.1
 
 
 class RenderTimeout(Exception):
@@ -38,10 +48,95 @@ def get_client() -> Celery:
     return make_client(get_settings())
 
 
+class ResultWaiter:
+    """Futures for pending task results, resolved by one polling coroutine per event loop."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self._pending: dict[str, asyncio.Future] = {}
+        self._abandoned: set[str] = set()
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle_rounds = 0
+
+    def _ensure_running(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._loop is not loop:
+            self._loop = loop
+            self._task = loop.create_task(self._poll(), name="render-result-poller")
+
+    async def wait(self, task_id: str, timeout: float) -> dict[str, Any]:
+        """The task's result meta ({'status', 'result', ...}); RenderTimeout after `timeout`."""
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[task_id] = fut
+        self._ensure_running()
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            raise RenderTimeout(f"render did not finish within {timeout:g} s") from None
+        finally:
+            if self._pending.pop(task_id, None) is not None and (fut.cancelled() or not fut.done()):
+                # Nobody reads this result any more: delete it when it lands (if it does).
+                self._abandoned.add(task_id)
+
+    def _fetch(self, ids: list[str], forget: list[str]) -> list[Any]:
+        """Runs in a worker thread: one batched read, plus deleting results already consumed."""
+        keys = [self.backend.get_key_for_task(i) for i in ids]
+        values = list(self.backend.mget(keys)) if keys else []
+        for task_id in forget:
+            try:
+                self.backend.delete(self.backend.get_key_for_task(task_id))
+            except OSError:
+                pass  # file:// backend: already gone
+        return values
+
+    async def _poll(self) -> None:
+        delay = POLL_S
+        forget: list[str] = []
+        while self._pending or self._abandoned or forget:
+            ids = list(self._pending) + list(self._abandoned)
+            try:
+                values = await asyncio.to_thread(self._fetch, ids, forget)
+            except Exception:
+                log.exception("reading render results failed; retrying")
+                values = [None] * len(ids)
+            forget = []
+            got_any = False
+            for task_id, raw in zip(ids, values, strict=True):
+                if raw is None:
+                    continue
+                try:
+                    meta = self.backend.decode_result(raw)
+                except Exception:  # kombu DecodeError: a result file caught half written
+                    continue
+                if meta.get("status") not in states.READY_STATES:
+                    continue
+                got_any = True
+                forget.append(task_id)
+                self._abandoned.discard(task_id)
+                fut = self._pending.pop(task_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(meta)
+            delay = POLL_S if got_any else min(delay * 1.5, MAX_POLL_S)
+            if self._pending or forget:
+                self._idle_rounds = 0
+            else:
+                # Only abandoned ids left: look once a second, and give up on them after two
+                # minutes (the worker drops results finished past their deadline anyway).
+                self._idle_rounds += 1
+                if not self._abandoned or self._idle_rounds > 120:
+                    self._abandoned.clear()
+                    self._idle_rounds = 0
+                    return
+                delay = 1.0
+            await asyncio.sleep(delay)
+
+
 class TaskQueue:
     def __init__(self, client: Celery, settings: Settings):
         self.client = client
         self.settings = settings
+        self.waiter = ResultWaiter(client.backend)
 
     def send_train(self, job_id: str) -> None:
         # task_id == job_id, so cancelling a queued job can revoke it without extra state.
@@ -60,39 +155,30 @@ class TaskQueue:
         except Exception:  # best effort: the worker also re-checks job.json before training
             pass
 
-    def render(self, job_id: str, request: dict[str, Any], path: bool = False) -> dict[str, Any]:
-        name = TASK_RENDER_PATH if path else TASK_RENDER
-        res = self.client.send_task(name, args=[job_id, request], queue=RENDER_QUEUE)
-        # Poll rather than res.get(): the Redis backend's pub/sub result consumer is not safe
-        # to share between the threads FastAPI runs sync routes on.
-        deadline = time.monotonic() + self.settings.render_timeout_s
-        delay = 0.01
-        try:
-            while not self._ready(res):
-                if time.monotonic() > deadline:
-                    res.revoke()
-                    raise RenderTimeout(
-                        f"render did not finish within {self.settings.render_timeout_s:g} s"
-                    )
-                time.sleep(delay)
-                delay = min(delay * 1.5, 0.1)
-            if res.failed():
-                raise RuntimeError(str(res.result))
-            return res.result
-        finally:
-            try:
-                res.forget()
-            except OSError:
-                pass  # file:// backend: the result file is already gone; nothing left to free
+    def send_render(self, job_id: str, request: dict[str, Any], path: bool = False):
+        """Queue a render that nobody will wait for past RENDER_TIMEOUT_S: it expires unstarted,
+        is killed at the time limit, and the worker drops a result finished after the deadline."""
+        timeout = self.settings.render_timeout_s
+        return self.client.send_task(
+            TASK_RENDER_PATH if path else TASK_RENDER,
+            args=[job_id, request],
+            queue=RENDER_QUEUE,
+            expires=timeout,  # seconds from now
+            soft_time_limit=timeout,
+            time_limit=timeout + 5,
+        )
 
-    @staticmethod
-    def _ready(res) -> bool:
-        try:
-            return res.ready()
-        except ValueError:
-            # Celery's file:// backend rewrites result files in place: a read can catch one
-            # half written. The next poll sees it whole.
-            return False
+    async def render(
+        self, job_id: str, request: dict[str, Any], path: bool = False
+    ) -> dict[str, Any]:
+        res = await asyncio.to_thread(self.send_render, job_id, request, path)
+        # No revoke on timeout: the task's `expires` already stops an unstarted one, and its
+        # time limit a started one, without a broadcast per abandoned render.
+        meta = await self.waiter.wait(res.id, self.settings.render_timeout_s)
+        if meta.get("status") != states.SUCCESS:
+            exc = self.client.backend.exception_to_python(meta.get("result"))
+            raise RuntimeError(str(exc)) if not isinstance(exc, BaseException) else exc
+        return meta["result"]
 
     def ping(self, timeout: float = 2.0) -> bool:
         """Broker reachable (a worker need not be up)."""

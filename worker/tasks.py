@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_ready
 
 from api_schemas.jobs import JobStatus
@@ -271,20 +272,45 @@ def _render(job_id: str, request: dict[str, Any], fn_name: str) -> dict[str, Any
                 "detail": str(exc) or f"{fn_name} is not implemented for {job.kind.value}",
             }
         }
+    except SoftTimeLimitExceeded:
+        return {"error": {"status_code": 504, "detail": "render hit its time limit"}}
     except Exception as exc:
         log.exception("render of %s failed", job_id)
         return {"error": {"status_code": 500, "detail": f"render failed: {_short_error(exc)}"}}
+    limit = get_settings().max_render_result_bytes
+    if len(data) * 4 // 3 > limit:
+        return {
+            "error": {
+                "status_code": 413,
+                "detail": f"the rendered result ({len(data)} bytes) is over the limit of "
+                f"{limit} bytes (MAX_RENDER_RESULT_MB); ask for fewer frames or pixels",
+            }
+        }
     return {"content_type": content_type, "data_b64": base64.b64encode(data).decode()}
 
 
-@app.task(name="nf.render", acks_late=False)
-def render(job_id: str, request: dict[str, Any]) -> dict[str, Any]:
-    return _render(job_id, request, "render")
+def _unless_abandoned(task, result: dict[str, Any]) -> dict[str, Any] | None:
+    """The API stops waiting at the task's `expires` (RENDER_TIMEOUT_S after sending): a result
+    finished later would only sit in the result backend, so it is dropped here."""
+    expires = task.request.expires
+    if expires:
+        from datetime import datetime
+
+        deadline = datetime.fromisoformat(expires) if isinstance(expires, str) else expires
+        if datetime.now(deadline.tzinfo) > deadline:
+            log.info("render %s finished after its caller gave up; result dropped", task.request.id)
+            return None
+    return result
 
 
-@app.task(name="nf.render_path", acks_late=False)
-def render_path(job_id: str, request: dict[str, Any]) -> dict[str, Any]:
-    return _render(job_id, request, "render_path")
+@app.task(name="nf.render", acks_late=False, bind=True)
+def render(self, job_id: str, request: dict[str, Any]) -> dict[str, Any] | None:
+    return _unless_abandoned(self, _render(job_id, request, "render"))
+
+
+@app.task(name="nf.render_path", acks_late=False, bind=True)
+def render_path(self, job_id: str, request: dict[str, Any]) -> dict[str, Any] | None:
+    return _unless_abandoned(self, _render(job_id, request, "render_path"))
 
 
 # -- exports -------------------------------------------------------------------------------

@@ -1,51 +1,53 @@
-"""Request body cap for uploads, enforced while the body streams in (before multipart parsing
-spools it anywhere), so an oversize upload costs at most the cap."""
+"""Request body caps, enforced while the body streams in (before JSON or multipart parsing
+sees any of it), so an oversize body costs at most the cap. The upload route gets
+MAX_UPLOAD_MB, every other /v1 body MAX_JSON_BODY_KB."""
 
 from __future__ import annotations
 
 import json
+
+UPLOAD_PATHS = {("POST", "/v1/jobs")}
+# Multipart framing adds a little over the file itself.
+MULTIPART_SLACK = 64 * 1024
 
 
 class BodyTooLarge(Exception):
     pass
 
 
-class UploadLimitMiddleware:
-    def __init__(self, app, max_bytes: int, path_prefix: str = "/v1/"):
-        self.app = app
-        self.max_bytes = max_bytes
-        self.path_prefix = path_prefix
+async def send_json(send, status: int, detail: str, headers: list | None = None) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                # The unread body stays on the socket: the connection cannot be reused.
+                (b"connection", b"close"),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimit:
+    """Calls `app` with a receive that stops at `limit` bytes; past it the answer is 413."""
+
+    def __init__(self, limit: int, detail: str):
+        self.limit = limit
+        self.detail = detail
 
     async def _reject(self, send) -> None:
-        body = json.dumps(
-            {"detail": f"upload exceeds the limit of {self.max_bytes} bytes (MAX_UPLOAD_MB)"}
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_json(send, 413, self.detail)
 
-    async def __call__(self, scope, receive, send):
-        if (
-            scope["type"] != "http"
-            or scope["method"] != "POST"
-            or not scope["path"].startswith(self.path_prefix)
-        ):
-            return await self.app(scope, receive, send)
-        # Multipart framing adds a little over the file itself.
-        limit = self.max_bytes + 64 * 1024
+    async def __call__(self, app, scope, receive, send):
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
-                    if int(value) > limit:
+                    if int(value) > self.limit:
                         return await self._reject(send)
                 except ValueError:
                     pass
@@ -58,7 +60,7 @@ class UploadLimitMiddleware:
             msg = await receive()
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
-                if seen > limit:
+                if seen > self.limit:
                     exceeded = True
                     raise BodyTooLarge()
             return msg
@@ -74,8 +76,21 @@ class UploadLimitMiddleware:
             await send(msg)
 
         try:
-            await self.app(scope, limited_receive, guarded_send)
+            await app(scope, limited_receive, guarded_send)
         except BodyTooLarge:
             if not replaced:
                 replaced = True
                 await self._reject(send)
+
+
+def body_limit_for(scope, settings) -> BodyLimit:
+    if (scope["method"], scope["path"].rstrip("/")) in UPLOAD_PATHS:
+        return BodyLimit(
+            settings.max_upload_bytes + MULTIPART_SLACK,
+            f"upload exceeds the limit of {settings.max_upload_bytes} bytes (MAX_UPLOAD_MB)",
+        )
+    return BodyLimit(
+        settings.max_json_body_bytes,
+        f"request body exceeds the limit of {settings.max_json_body_bytes} bytes "
+        f"(MAX_JSON_BODY_KB)",
+    )

@@ -14,11 +14,11 @@ from httpx_sse import connect_sse
 from tests.support.stack import auth_headers, png_bytes, stack_maker
 
 KEY_A, KEY_B, KEY_C = "alpha-token-1111", "bravo-token-2222", "charlie-token-3333"
-BURST = 3
+PIXEL_BURST = 3000
 LIMITS = {
     "API_KEYS": f"alice:{KEY_A},bob:{KEY_B}",
-    "RENDER_BURST": str(BURST),
-    "RENDER_RATE_PER_MIN": "6",
+    "RENDER_PIXEL_BURST": str(PIXEL_BURST),
+    "RENDER_PIXELS_PER_MIN": "600",
 }
 ORBIT = {"radius": 2.0, "n_frames": 4}
 
@@ -215,7 +215,9 @@ def test_render_and_path_caps(stack_factory):
 
 
 def test_render_rate_limit_per_key(keyed):
-    """charlie (from the keys file) spends his burst; alice, on the same server, is not slowed by it."""
+    """charlie (from the keys file) spends his pixel burst; alice, on the same server, is not
+    slowed by it. The bucket counts pixels: after two 32x32 frames (2048 of 3000 pixels) a third
+    is refused, an 8x8 frame still passes."""
     stack, a, _, c, job_id = keyed
     r = c.post(
         "/v1/jobs",
@@ -225,18 +227,19 @@ def test_render_rate_limit_per_key(keyed):
     assert r.status_code == 202
     own = r.json()["id"]
     try:
+        big, small = {"width": 32, "height": 32}, {"width": 8, "height": 8}
         codes = []
-        for i in range(BURST + 2):
-            route = "render" if i % 2 else "render/path"
-            body = {"width": 8, "height": 8} if i % 2 else {"width": 8, "height": 8, "orbit": ORBIT}
-            resp = c.post(f"/v1/jobs/{own}/{route}", json=body)
+        for body in (big, big, big, small):
+            resp = c.post(f"/v1/jobs/{own}/render", json=body)
             codes.append(resp.status_code)
             if resp.status_code == 429:
+                # (1024 - 952) pixels at 10 pixels/s
                 assert 1 <= int(resp.headers["retry-after"]) <= 10
-                assert "rate limit" in resp.json()["detail"]
-        assert codes == [409] * BURST + [429, 429], (
-            codes
-        )  # not trained yet: 409 until the bucket runs dry
+                assert "RENDER_PIXELS_PER_MIN" in resp.json()["detail"]
+        # Not trained yet: 409 while the bucket has pixels left.
+        assert codes == [409, 409, 429, 409], codes
+        path = {"width": 8, "height": 8, "orbit": {**ORBIT, "n_frames": 40}}  # 2560 pixels
+        assert c.post(f"/v1/jobs/{own}/render/path", json=path).status_code == 429
     finally:
         c.post(f"/v1/jobs/{own}/cancel")
     # Once charlie's training has stopped (it holds the stack's one worker), alice renders.

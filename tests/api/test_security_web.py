@@ -1,6 +1,7 @@
 """The web page and API keys: without a key it says one is needed; the key typed into the
 header field is kept in localStorage and sent on every call, the event stream included, and
-the checkpoint download goes through with it."""
+the checkpoint download goes through with it. The page is served with a Content-Security-Policy
+(no inline scripts or styles) and works under it: the browser reports no violation."""
 
 from __future__ import annotations
 
@@ -18,7 +19,16 @@ def test_key_field_unlocks_the_page(fs_stack, tmp_path):
             page = ctx.new_page()
             sent = []
             page.on("request", lambda r: sent.append((r.url, r.headers.get("authorization"))))
-            page.goto("/")
+            violations = []
+            page.on(
+                "console",
+                lambda m: (
+                    violations.append(m.text) if "Content Security Policy" in m.text else None
+                ),
+            )
+            resp = page.goto("/")
+            csp = resp.headers["content-security-policy"]
+            assert "script-src 'self'" in csp and "unsafe-inline" not in csp
             page.wait_for_function(
                 "() => document.querySelector('#jobs-msg').textContent.includes('API key')"
             )
@@ -47,5 +57,6 @@ def test_key_field_unlocks_the_page(fs_stack, tmp_path):
             assert others and all(a == f"Bearer {TEST_KEY}" for _, a in others), others
             # Before the key was typed, the list call went out without one.
             assert any(a is None for u, a in sent[:before_key] if u.endswith("/v1/jobs?limit=50"))
+            assert violations == []
         finally:
             browser.close()

@@ -21,9 +21,9 @@ from fastapi.responses import FileResponse, StreamingResponse
 
 from core.storage import LocalStorage
 from core.store import JobStore
-from service.api.deps import get_storage, get_store, load_job
+from service.api.deps import JOB_GUARDS, get_storage, get_store, load_job
 
-router = APIRouter(prefix="/v1/jobs", tags=["files"])
+router = APIRouter(prefix="/v1/jobs", tags=["files"], dependencies=JOB_GUARDS)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 STEP_RE = re.compile(r"^step-(\d+)\.safetensors$")
 CHUNK = 1 << 20

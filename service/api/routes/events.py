@@ -20,11 +20,11 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from core.storage import JobPaths, LocalStorage
-from service.api.deps import get_storage, job_id_param
+from service.api.deps import JOB_GUARDS, get_storage, job_id_param
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(tags=["events"])
+router = APIRouter(tags=["events"], dependencies=JOB_GUARDS)
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 POLL_S = 0.2

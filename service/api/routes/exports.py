@@ -17,11 +17,18 @@ from api_schemas.jobs import JobStatus
 from core.exports import ExportNotFound, ExportStore
 from core.settings import Settings
 from core.store import JobStore
-from service.api.deps import get_queue, get_settings_dep, get_storage, get_store, load_job
+from service.api.deps import (
+    JOB_GUARDS,
+    get_queue,
+    get_settings_dep,
+    get_storage,
+    get_store,
+    load_job,
+)
 from service.api.routes.render import rate_limited
 from service.queue import TaskQueue
 
-router = APIRouter(prefix="/v1/jobs", tags=["exports"])
+router = APIRouter(prefix="/v1/jobs", tags=["exports"], dependencies=JOB_GUARDS)
 
 
 def _exports(request: Request) -> ExportStore:

@@ -17,6 +17,8 @@ from core.settings import Settings
 from core.storage import LocalStorage
 from core.store import JobNotFound, JobStore
 from service.api.deps import (
+    GUARDS,
+    OWNER,
     current_key,
     get_queue,
     get_settings_dep,
@@ -32,7 +34,7 @@ from service.intake.registry import KINDS, available_kinds, get_kind
 from service.queue import TaskQueue
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=GUARDS)
 
 
 def _validation_detail(exc: ValidationError) -> str:
@@ -183,13 +185,19 @@ def list_jobs(
     return JobList(items=mine[offset : offset + limit], total=len(mine), limit=limit, offset=offset)
 
 
-@router.get("/{job_id}", response_model=Job, summary="Job status, progress and metrics")
+@router.get(
+    "/{job_id}",
+    response_model=Job,
+    summary="Job status, progress and metrics",
+    dependencies=OWNER,
+)
 def get_job(job_id: str, store: JobStore = Depends(get_store)) -> Job:
     return load_job(store, job_id)
 
 
 @router.post(
     "/{job_id}/cancel",
+    dependencies=OWNER,
     response_model=Job,
     summary="Cancel a queued or running job",
     responses={409: {"description": "the job has already ended"}},
@@ -218,6 +226,7 @@ def cancel_job(
 
 @router.delete(
     "/{job_id}",
+    dependencies=OWNER,
     status_code=204,
     summary="Delete a finished job and its files",
     responses={409: {"description": "the job is still queued or running"}},
