@@ -48,6 +48,11 @@ class Box:
 @dataclass
 class Scene:
     objects: list = field(default_factory=list)
+    # Optional luminance texture (H, W) in [0, 1] modulating every surface, mapped triplanar in
+    # world units (`texture_tile` per repeat): structure from motion needs detail at pixel
+    # scale, which the checkers alone do not give.
+    texture: np.ndarray | None = None
+    texture_tile: float = 2.0
 
     def bounding_radius(self) -> float:
         r = 0.0
@@ -79,6 +84,36 @@ def default_scene() -> Scene:
             ),
         ]
     )
+
+
+def dead_leaves(size: int = 512, n: int = 3000, seed: int = 0) -> np.ndarray:
+    """A dead-leaves texture (overlapping discs, power-law radii; Lee, Mumford & Huang 2001):
+    occlusion edges and blobs at every scale, like natural images, so SIFT finds features."""
+    from PIL import ImageDraw
+
+    rng = np.random.default_rng(seed)
+    im = Image.new("L", (size, size), 128)
+    draw = ImageDraw.Draw(im)
+    radii = np.minimum((rng.pareto(2.0, n) + 1) * size / 128, size / 8)
+    for r in radii:
+        x, y = rng.uniform(0, size, 2)
+        ry = r * rng.uniform(0.5, 1.5)
+        draw.ellipse([x - r, y - ry, x + r, y + ry], fill=int(rng.integers(0, 256)))
+    return np.asarray(im, dtype=np.float64) / 255
+
+
+def textured_scene(seed: int = 0) -> Scene:
+    """default_scene() with a dead-leaves texture on every surface."""
+    scene = default_scene()
+    scene.texture = dead_leaves(seed=seed)
+    return scene
+
+
+def _triplanar(tex: np.ndarray, tile: float, p: np.ndarray, normal: np.ndarray) -> np.ndarray:
+    axis = np.abs(normal).argmax(1)[:, None]
+    uv = np.where(axis == 0, p[:, [1, 2]], np.where(axis == 1, p[:, [0, 2]], p[:, [0, 1]]))
+    ij = np.floor((uv / tile % 1.0) * np.array(tex.shape[::-1])).astype(int)
+    return tex[ij[:, 1] % tex.shape[0], ij[:, 0] % tex.shape[1]]
 
 
 def _rot_z(deg: float) -> np.ndarray:
@@ -153,6 +188,10 @@ def trace(scene: Scene, origins: np.ndarray, dirs: np.ndarray):
         normal, check = shaders[k](p)
         base = np.where(check[:, None] > 0.5, np.asarray(obj.colors[1]), np.asarray(obj.colors[0]))
         lambert = AMBIENT + (1 - AMBIENT) * np.clip(normal @ LIGHT, 0, None)
+        if scene.texture is not None:
+            lambert = lambert * (
+                0.4 + 1.2 * _triplanar(scene.texture, scene.texture_tile, p, normal)
+            )
         rgb[m] = base * lambert[:, None]
     return np.clip(rgb, 0, 1), (owner >= 0).astype(np.float64), best
 
@@ -247,6 +286,22 @@ def sphere_poses(
     s = np.sqrt(1 - z * z)
     dirs = np.stack([s * np.cos(phi), s * np.sin(phi), z], 1)
     return [look_at(radius * d) for d in dirs]
+
+
+def orbit_poses(
+    n: int, radius: float = CAMERA_DISTANCE, elevation_deg: float = 20.0, wobble_deg: float = 15.0
+) -> list[np.ndarray]:
+    """A hand-held-like loop around the origin: one turn, elevation wobbling twice per turn;
+    consecutive poses are close, as in a video."""
+    poses = []
+    for k in range(n):
+        a = 2 * math.pi * k / n
+        el = math.radians(elevation_deg + wobble_deg * math.sin(2 * a))
+        eye = radius * np.array(
+            [math.cos(el) * math.cos(a), math.cos(el) * math.sin(a), math.sin(el)]
+        )
+        poses.append(look_at(eye))
+    return poses
 
 
 def _png(rgba: np.ndarray) -> bytes:
