@@ -28,6 +28,9 @@ class JobStatus(str, Enum):
 
 
 class Progress(BaseModel):
+    # "sfm" (structure from motion, for photos without poses and videos), then "train"; step
+    # and total_steps count within the stage.
+    stage: str | None = None
     step: int = 0
     total_steps: int = 0
     loss: float | None = None

@@ -12,6 +12,9 @@ from core.settings import Settings
 
 TRAIN_QUEUE = "train"
 RENDER_QUEUE = "render"
+# Structure from motion for uploads without poses: CPU work, kept off the (GPU) train workers.
+PREPROCESS_QUEUE = "preprocess"
+TASK_PREPROCESS = "nf.preprocess"
 TASK_TRAIN = "nf.train"
 TASK_RENDER = "nf.render"
 TASK_RENDER_PATH = "nf.render_path"
@@ -42,6 +45,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_accept_content": ["json"],
         "task_routes": {
             TASK_TRAIN: {"queue": TRAIN_QUEUE},
+            TASK_PREPROCESS: {"queue": PREPROCESS_QUEUE},
             "nf.render*": {"queue": RENDER_QUEUE},
             TASK_EXPORT: {"queue": EXPORT_QUEUE},
         },

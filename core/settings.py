@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -122,7 +123,28 @@ class Settings(BaseSettings):
         None, description="torch device for the worker; default cuda if available"
     )
 
-    @field_validator("redis_url", "api_keys", "api_keys_file", mode="before")
+    # Structure from motion (photos without poses, videos): the `preprocess` queue's workers.
+    sfm_min_registered_share: float = Field(
+        0.5, ge=0, le=1, description="SfM fails the job when fewer images than this share register"
+    )
+    sfm_num_frames_target: int = Field(
+        300, ge=8, le=5000, description="frames taken from a video (ns-process-data's default)"
+    )
+    sfm_max_image_size: int = Field(
+        1600, ge=64, le=10_000, description="long side SfM extracts features at; video frames kept"
+    )
+    sfm_threads: int = Field(0, ge=0, description="threads of one SfM run; 0 = all cores")
+    sfm_camera_model: Literal[
+        "auto", "SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV"
+    ] = Field("auto", description="camera model SfM fits; auto picks by source (docs/capture.md)")
+    sfm_exhaustive_max_images: int = Field(
+        300, ge=2, description="photo sets up to this size match every pair"
+    )
+    sfm_vocab_tree_path: Path | None = Field(
+        None, description="COLMAP vocabulary tree; larger photo sets match by it when set"
+    )
+
+    @field_validator("redis_url", "api_keys", "api_keys_file", "sfm_vocab_tree_path", mode="before")
     @classmethod
     def _empty_is_unset(cls, v: str | None) -> str | None:
         return v or None

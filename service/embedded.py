@@ -1,4 +1,5 @@
-"""`make run`: the API plus one embedded Celery worker on both queues, as one unit.
+"""`make run`: the API plus one embedded Celery worker on every queue (train, render,
+preprocess), as one unit.
 
 Without REDIS_URL both talk through Celery's filesystem broker under DATA_DIR, so nothing
 else needs to run. Ctrl-C (or SIGTERM) stops both."""
@@ -33,7 +34,7 @@ def use_dev_key_if_none() -> bool:
     return True
 
 
-def worker_command(queues: str = "train,render", concurrency: int = 2) -> list[str]:
+def worker_command(queues: str = "train,render,preprocess", concurrency: int = 2) -> list[str]:
     return [
         sys.executable,
         "-m",

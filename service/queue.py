@@ -17,8 +17,10 @@ from celery import Celery, states
 
 from core.celery_config import (
     EXPORT_QUEUE,
+    PREPROCESS_QUEUE,
     RENDER_QUEUE,
     TASK_EXPORT,
+    TASK_PREPROCESS,
     TASK_RENDER,
     TASK_RENDER_PATH,
     TASK_TRAIN,
@@ -148,6 +150,23 @@ class TaskQueue:
         self.client.send_task(
             TASK_EXPORT, args=[job_id, export_id], queue=EXPORT_QUEUE, ignore_result=True
         )
+
+    def send_preprocess(self, job_id: str) -> None:
+        """Structure from motion first (CPU workers); that task sends the training on."""
+        self.client.send_task(
+            TASK_PREPROCESS,
+            args=[job_id],
+            queue=PREPROCESS_QUEUE,
+            task_id=job_id,
+            ignore_result=True,
+        )
+
+    def send_first(self, job) -> None:
+        """The job's first task: SfM for a capture without poses, else training."""
+        if job.dataset.get("sfm") == "pending":
+            self.send_preprocess(job.id)
+        else:
+            self.send_train(job.id)
 
     def revoke(self, job_id: str) -> None:
         try:

@@ -20,8 +20,16 @@ class ProgressReporter:
     (fresh elapsed/eta) whenever a step takes longer than the interval, so the promise of a
     progress write at least once a second holds through slow steps too."""
 
-    def __init__(self, store: JobStore, job_id: str, interval_s: float = 0.5, start_step: int = 0):
+    def __init__(
+        self,
+        store: JobStore,
+        job_id: str,
+        interval_s: float = 0.5,
+        start_step: int = 0,
+        stage: str | None = None,
+    ):
         self.store = store
+        self.stage = stage
         self.job_id = job_id
         self.interval_s = interval_s
         self.t0 = time.monotonic()
@@ -47,6 +55,7 @@ class ProgressReporter:
         done = step - self.start_step
         eta = elapsed / done * (total_steps - step) if done > 0 else None
         return Progress(
+            stage=self.stage,
             step=step,
             total_steps=total_steps,
             loss=self._clean(loss),

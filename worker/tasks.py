@@ -1,4 +1,5 @@
-"""Celery tasks: nf.train, nf.render, nf.render_path, nf.export. Kind-specific work lives in worker.jobs.<kind>."""
+"""Celery tasks: nf.preprocess, nf.train, nf.render, nf.render_path, nf.export. Kind-specific work
+lives in worker.jobs.<kind>; structure from motion for uploads without poses in worker.sfm."""
 
 from __future__ import annotations
 
@@ -17,7 +18,13 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_ready
 
 from api_schemas.jobs import JobStatus
-from core.celery_config import TASK_EXPORT, TASK_TRAIN, TRAIN_QUEUE
+from core.celery_config import (
+    PREPROCESS_QUEUE,
+    TASK_EXPORT,
+    TASK_PREPROCESS,
+    TASK_TRAIN,
+    TRAIN_QUEUE,
+)
 from core.settings import get_settings
 from core.storage import get_storage
 from core.store import JobNotFound, JobStore
@@ -32,6 +39,7 @@ from worker.jobs import (
     pick_device,
 )
 from worker.progress import ProgressReporter
+from worker.sfm import stage as sfm_stage
 
 log = logging.getLogger(__name__)
 RENDER_CACHE_SIZE = 4
@@ -123,7 +131,67 @@ def train(job_id: str) -> None:
                 job_id,
             )
             return
+        if sfm_stage.needs_preprocess(paths):  # a re-sent orphan still waiting for its SfM
+            _send(TASK_PREPROCESS, PREPROCESS_QUEUE, job_id)
+            return
         _train_locked(store, settings, job_id, paths)
+
+
+def _send(task: str, queue: str, job_id: str) -> None:
+    # task id == job id: cancelling a queued job revokes whichever of its tasks is waiting.
+    app.send_task(task, args=[job_id], queue=queue, task_id=job_id, ignore_result=True)
+
+
+@app.task(name=TASK_PREPROCESS, ignore_result=True, acks_late=True)
+def preprocess(job_id: str) -> None:
+    """Structure from motion on an upload without poses, then the job goes to the train queue.
+    Holds the train lock, so a job is never preprocessed and trained at once."""
+    settings = get_settings()
+    store = _store()
+    try:
+        paths = store.storage.paths(job_id)
+        job = store.get(job_id)
+    except (JobNotFound, ValueError):
+        log.warning("nf.preprocess: job %s does not exist (deleted?)", job_id)
+        return
+    with _train_lock(paths) as mine:
+        if not mine:
+            log.warning("nf.preprocess: job %s is held by another process", job_id)
+            return
+        if sfm_stage.needs_preprocess(paths):
+            job = _start(store, job_id)
+            if job is None:
+                return
+            try:
+                progress = ProgressReporter(
+                    store, job_id, settings.progress_interval_s, stage="sfm"
+                )
+                with progress:
+                    summary = sfm_stage.run(job, paths, settings, progress, paths.cancel.exists)
+            except sfm_stage.SfmCancelled:
+                store.set_status(
+                    job_id, JobStatus.cancelled, only_from={JobStatus.running, JobStatus.queued}
+                )
+                return
+            except Exception as exc:
+                if not isinstance(exc, sfm_stage.StageError):
+                    log.error("job %s: SfM failed:\n%s", job_id, traceback.format_exc())
+                store.set_status(
+                    job_id,
+                    JobStatus.failed,
+                    error=str(exc) if isinstance(exc, sfm_stage.StageError) else _short_error(exc),
+                    only_from={JobStatus.running, JobStatus.queued},
+                )
+                return
+
+            def merge(j):
+                j.dataset.update(summary)
+                return j
+
+            store.update(job_id, merge)
+        elif job.status.terminal:
+            return
+    _send(TASK_TRAIN, TRAIN_QUEUE, job_id)
 
 
 def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
@@ -141,7 +209,7 @@ def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
             paths=paths,
             settings=settings,
             store=store,
-            progress=ProgressReporter(store, job_id, settings.progress_interval_s),
+            progress=ProgressReporter(store, job_id, settings.progress_interval_s, stage="train"),
             checkpoints=CheckpointManager(
                 paths.checkpoints,
                 keep=settings.checkpoints_kept,

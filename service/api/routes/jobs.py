@@ -162,7 +162,7 @@ async def create_job(
         storage.remove_job_dir(job_id)
         raise
     try:
-        await run_in_threadpool(queue.send_train, job_id)
+        await run_in_threadpool(queue.send_first, job)
     except Exception as exc:
         log.exception("could not enqueue job %s", job_id)
         storage.remove_job_dir(job_id)

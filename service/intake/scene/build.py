@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from core.scene_build import SceneFrame, write_scene
 from core.scene_format import SceneError
 from core.settings import get_settings
-from service.intake import IntakeError
+from service.intake import IntakeError, unposed
 from service.intake.archive import extract_archive, limits_from_settings
 from service.intake.scene.formats import parse_dataset
 from service.intake.scene.images import inspect_image, resolve_intrinsics
@@ -107,7 +107,13 @@ def validate_scene_upload(
     try:
         if Path(src_path).stat().st_size == 0:
             raise IntakeError(422, "the uploaded file is empty")
+        if unposed.is_video(Path(src_path), filename):  # SfM later, on the preprocess queue
+            info = unposed.accept_video(Path(src_path), filename, job_dir, settings)
+            return cfg.model_dump(mode="json"), info
         extract_archive(Path(src_path), work, limits_from_settings(settings))
+        if not unposed.has_poses(work):
+            info = unposed.accept_images(work, filename, job_dir, settings)
+            return cfg.model_dump(mode="json"), info
         partial.mkdir(parents=True)
         meta = build_dataset(work, partial, scratch, cfg, settings, keep_points)
         if check is not None:

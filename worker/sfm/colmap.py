@@ -1,0 +1,232 @@
+"""Structure from motion with pycolmap: SIFT features, matching, incremental mapping.
+
+pycolmap's calls release the GIL, so a watcher thread can cancel them through a
+CancellationToken while they run. They report nothing on the way, so progress comes from
+running feature extraction in chunks and from the mapper's per-image callback. (COLMAP's
+SQLite database must not be read while it writes: a reader's lock makes it abort the process.)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+# Progress through the stage, in percent, at the end of each step (video decoding comes first).
+EXTRACT_END, MATCH_END, MAP_END = 40, 60, 100
+EXTRACT_CHUNKS = 20
+# COLMAP's mapper defaults (100 inliers to start a model, 30 to register an image) assume the
+# ~8k SIFT keypoints of a multi-megapixel photo; below MANY_KEYPOINTS per image they are scaled
+# down, as COLMAP's own docs advise for low-resolution captures, so small images still map.
+MANY_KEYPOINTS = 2000
+SMALL_INIT_INLIERS, SMALL_ABS_POSE_INLIERS, SMALL_INIT_TRI_ANGLE = 40, 15, 8.0
+SEED = 0  # RANSAC and initial-pair choice: one capture maps the same way every time
+
+
+class SfmCancelled(Exception):
+    pass
+
+
+@dataclass
+class SfmOptions:
+    camera_model: str  # a COLMAP model name
+    matcher: str  # "sequential" (video) | "exhaustive" | "vocab_tree"
+    threads: int = 0  # 0: all cores
+    max_image_size: int = 1600
+    single_camera: bool = True  # one camera shared by every image (one device, one zoom)
+    vocab_tree_path: Path | None = None
+
+
+@dataclass
+class Registered:
+    name: str
+    world_from_cam: np.ndarray  # 3x4, OpenCV camera axes (COLMAP)
+    model: str
+    width: int
+    height: int
+    params_info: str
+    params: list[float]
+
+
+@dataclass
+class SfmResult:
+    n_images: int
+    registered: list[Registered]  # of the largest model, sorted by name
+    points_xyz: np.ndarray  # (N, 3) world frame
+    points_rgb: np.ndarray  # (N, 3) uint8
+    n_models: int
+    mean_keypoints: float
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _threads(n: int) -> int:
+    return n if n > 0 else -1
+
+
+class _Watcher:
+    """Cancels the running pycolmap call once `cancelled()` says so."""
+
+    def __init__(self, cancelled: Callable[[], bool] | None):
+        import pycolmap
+
+        self.token = pycolmap.CancellationToken()
+        self._cancelled = cancelled
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sfm-cancel", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            if self._cancelled is not None and self._cancelled():
+                self.token.cancel()
+                return
+
+    def check(self) -> None:
+        if self.token.is_cancelled or (self._cancelled is not None and self._cancelled()):
+            raise SfmCancelled()
+
+    def __enter__(self) -> _Watcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+def _mapping_options(opts: SfmOptions, mean_keypoints: float):
+    import pycolmap
+
+    po = pycolmap.IncrementalPipelineOptions()
+    po.num_threads = _threads(opts.threads)
+    po.random_seed = SEED
+    po.mapper.random_seed = SEED
+    if mean_keypoints < MANY_KEYPOINTS:
+        po.mapper.init_min_num_inliers = SMALL_INIT_INLIERS
+        po.mapper.abs_pose_min_num_inliers = SMALL_ABS_POSE_INLIERS
+        po.mapper.init_min_tri_angle = SMALL_INIT_TRI_ANGLE
+    return po
+
+
+def run_sfm(
+    image_dir: Path,
+    names: list[str],
+    work_dir: Path,
+    opts: SfmOptions,
+    progress: Callable[[float], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    start_pct: float = 0.0,
+) -> SfmResult:
+    """SfM on `image_dir/<name>` for every name; COLMAP's database and models go to `work_dir`.
+    `progress(percent)` runs from `start_pct` to 100. Raises SfmCancelled."""
+    import pycolmap
+
+    device = pycolmap.Device.cpu
+    work_dir.mkdir(parents=True, exist_ok=True)
+    db = work_dir / "database.db"
+    db.unlink(missing_ok=True)
+    span = 100.0 - start_pct
+    pct = lambda p: start_pct + span * p / 100.0  # noqa: E731
+    report = progress or (lambda _p: None)
+    seconds: dict[str, float] = {}
+
+    with _Watcher(cancelled) as watch:
+        t0 = time.perf_counter()
+        eo = pycolmap.FeatureExtractionOptions()
+        eo.num_threads = _threads(opts.threads)
+        eo.max_image_size = opts.max_image_size
+        mode = pycolmap.CameraMode.SINGLE if opts.single_camera else pycolmap.CameraMode.PER_IMAGE
+        chunk = max(1, -(-len(names) // EXTRACT_CHUNKS))
+        for start in range(0, len(names), chunk):
+            ro = pycolmap.ImageReaderOptions()
+            ro.camera_model = opts.camera_model
+            if start and opts.single_camera:
+                ro.existing_camera_id = 1  # later chunks join the first chunk's camera
+            pycolmap.extract_features(
+                db,
+                image_dir,
+                image_names=names[start : start + chunk],
+                camera_mode=mode,
+                reader_options=ro,
+                extraction_options=eo,
+                device=device,
+                cancellation_token=watch.token,
+            )
+            watch.check()
+            report(pct(EXTRACT_END * min(len(names), start + chunk) / len(names)))
+        with pycolmap.Database.open(db) as database:
+            mean_kp = database.num_keypoints() / max(1, database.num_images())
+        seconds["extract"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        mo = pycolmap.FeatureMatchingOptions()
+        mo.num_threads = _threads(opts.threads)
+        common = dict(matching_options=mo, device=device, cancellation_token=watch.token)
+        if opts.matcher == "sequential":
+            pycolmap.match_sequential(db, **common)
+        elif opts.matcher == "vocab_tree":
+            pairing = pycolmap.VocabTreePairingOptions()
+            pairing.vocab_tree_path = str(opts.vocab_tree_path)
+            pycolmap.match_vocabtree(db, pairing_options=pairing, **common)
+        else:
+            pycolmap.match_exhaustive(db, **common)
+        watch.check()
+        report(pct(MATCH_END))
+        seconds["match"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        done = [0]
+
+        def next_image() -> None:
+            done[0] += 1
+            report(pct(MATCH_END + (MAP_END - MATCH_END) * min(done[0], len(names)) / len(names)))
+
+        models = pycolmap.incremental_mapping(
+            db,
+            image_dir,
+            work_dir / "sparse",
+            options=_mapping_options(opts, mean_kp),
+            next_image_callback=next_image,
+            cancellation_token=watch.token,
+        )
+        watch.check()
+        seconds["map"] = time.perf_counter() - t0
+
+    best = max(models.values(), key=lambda r: r.num_reg_images(), default=None)
+    registered: list[Registered] = []
+    xyz = np.zeros((0, 3))
+    rgb = np.zeros((0, 3), np.uint8)
+    if best is not None:
+        for img in best.images.values():
+            if not img.has_pose:
+                continue
+            cam = best.cameras[img.camera_id]
+            registered.append(
+                Registered(
+                    name=img.name,
+                    world_from_cam=img.cam_from_world().inverse().matrix(),
+                    model=cam.model.name,
+                    width=int(cam.width),
+                    height=int(cam.height),
+                    params_info=cam.params_info,
+                    params=[float(v) for v in cam.params],
+                )
+            )
+        pts = list(best.points3D.values())
+        if pts:
+            xyz = np.array([p.xyz for p in pts], dtype=np.float64)
+            rgb = np.array([p.color for p in pts], dtype=np.uint8)
+    registered.sort(key=lambda r: r.name)
+    report(100.0)
+    return SfmResult(
+        n_images=len(names),
+        registered=registered,
+        points_xyz=xyz,
+        points_rgb=rgb,
+        n_models=len(models),
+        mean_keypoints=mean_kp,
+        seconds=seconds,
+    )

@@ -1,0 +1,249 @@
+"""The preprocessing stage of an upload without poses: capture -> SfM -> normal-form dataset.
+
+The API leaves the capture in `<job>/capture/` (`capture.json` plus `images/` or the video
+file). This stage runs on the `preprocess` queue, works in `<job>/sfm/` (removed afterwards),
+writes `<job>/dataset/` through core.scene_build exactly as a posed upload would be written
+(plus SfM's sparse points as `points3D.txt`, which seed splats), and puts a nerfstudio-layout
+`transforms.json` with the recovered cameras among the job's artifacts. The task then hands the
+job to the train queue: one upload, one job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from core.scene_format import CAMERAS_FILE, MIN_TRAIN_VIEWS, SceneError
+from worker.sfm.colmap import SfmCancelled
+
+__all__ = ["SfmCancelled", "StageError", "needs_preprocess", "run"]
+
+log = logging.getLogger(__name__)
+CAPTURE_DIR, MANIFEST, WORK_DIR = "capture", "capture.json", "sfm"
+TRANSFORMS_ARTIFACT = "transforms.json"
+VIDEO_END_PCT = 15  # share of the stage's progress spent decoding a video
+UNREGISTERED_LISTED = 20
+CAPTURE_HINT = "SfM needs overlapping views of a textured, static scene; see docs/capture.md"
+
+
+class StageError(Exception):
+    """The capture cannot become a dataset; the message is for the uploader."""
+
+
+@dataclass
+class Capture:
+    kind: str  # "images" | "video"
+    image_dir: Path
+    files: list[str]  # file names under image_dir
+    names: list[str]  # as uploaded, for messages and transforms.json
+    video: Path | None = None
+
+
+def needs_preprocess(paths) -> bool:
+    """The job holds a capture that SfM has not turned into a dataset yet."""
+    return (paths.root / CAPTURE_DIR / MANIFEST).is_file() and not (
+        paths.dataset / CAMERAS_FILE
+    ).is_file()
+
+
+def read_capture(paths) -> Capture:
+    root = paths.root / CAPTURE_DIR
+    m = json.loads((root / MANIFEST).read_text())
+    if m["kind"] == "video":
+        return Capture("video", paths.root / WORK_DIR / "frames", [], [], root / m["video"])
+    return Capture("images", root / "images", list(m["files"]), list(m["names"]))
+
+
+def _image_size(path: Path) -> tuple[int, int]:
+    with Image.open(path) as im:
+        return im.size
+
+
+def nerfstudio_transforms(registered, names: dict[str, str]) -> dict[str, Any]:
+    """transforms.json as nerfstudio's ns-process-data writes it (OpenGL camera axes, OPENCV
+    intrinsics), in the SfM world frame, which is also the frame render requests use; so
+    `applied_transform` is the identity."""
+    from worker.sfm.camera import intrinsics
+
+    def cam(r) -> dict[str, Any]:
+        k = intrinsics(r.model, r.params_info, r.params)
+        d = k["distortion"]
+        return {
+            "fl_x": k["fx"],
+            "fl_y": k["fy"],
+            "cx": k["cx"],
+            "cy": k["cy"],
+            "w": r.width,
+            "h": r.height,
+            **{key: d.get(key, 0.0) for key in ("k1", "k2", "p1", "p2")},
+        }
+
+    cams = [cam(r) for r in registered]
+    shared = all(c == cams[0] for c in cams)
+    frames = []
+    for r, c in zip(registered, cams):
+        c2w = np.eye(4)
+        c2w[:3] = r.world_from_cam
+        c2w[:3, 1:3] *= -1  # OpenCV -> OpenGL camera axes
+        frame = {"file_path": f"images/{names[r.name]}", "transform_matrix": c2w.tolist()}
+        if not shared:
+            frame.update(c)
+        frames.append(frame)
+    out: dict[str, Any] = {"camera_model": "OPENCV"}
+    if shared and cams:
+        out.update(cams[0])
+    out["frames"] = frames
+    out["applied_transform"] = np.eye(4)[:3].tolist()
+    return out
+
+
+def run(job, paths, settings, progress, cancelled) -> dict[str, Any]:
+    """Run SfM on the job's capture and write its dataset; returns the dataset summary fields
+    to merge into job.dataset. Raises StageError (readable) or SfmCancelled."""
+    from core.scene_build import SceneFrame, write_scene
+    from worker.sfm.camera import choose_model, intrinsics
+    from worker.sfm.colmap import SfmOptions, run_sfm
+    from worker.sfm.video import VideoError, extract_frames
+
+    cap = read_capture(paths)
+    work = paths.root / WORK_DIR
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    partial = paths.root / "dataset.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    report = lambda pct: progress.report(int(pct), 100)  # noqa: E731
+    report(0)
+    summary: dict[str, Any] = {}
+    try:
+        start_pct = 0.0
+        if cap.kind == "video":
+            try:
+                frames = extract_frames(
+                    cap.video,
+                    cap.image_dir,
+                    settings.sfm_num_frames_target,
+                    settings.sfm_max_image_size,
+                    progress=lambda k, n: report(VIDEO_END_PCT * k / n),
+                    cancelled=cancelled,
+                )
+            except VideoError as exc:
+                raise StageError(str(exc)) from None
+            if cancelled():
+                raise SfmCancelled()
+            cap.files = cap.names = frames.names
+            summary["n_video_frames"] = frames.n_video_frames
+            start_pct = VIDEO_END_PCT
+        sizes = {_image_size(cap.image_dir / f) for f in cap.files}
+        w, h = max(sizes)
+        n = len(cap.files)
+        if cap.kind == "video":
+            matcher = "sequential"
+        elif n > settings.sfm_exhaustive_max_images and settings.sfm_vocab_tree_path:
+            matcher = "vocab_tree"
+        else:
+            matcher = "exhaustive"
+        opts = SfmOptions(
+            camera_model=choose_model(settings.sfm_camera_model, w, h),
+            matcher=matcher,
+            threads=settings.sfm_threads,
+            max_image_size=settings.sfm_max_image_size,
+            single_camera=len(sizes) == 1,
+            vocab_tree_path=settings.sfm_vocab_tree_path,
+        )
+        result = run_sfm(
+            cap.image_dir, cap.files, work, opts, report, cancelled, start_pct=start_pct
+        )
+        n_reg = len(result.registered)
+        share = n_reg / max(1, n)
+        summary.update(
+            {
+                "n_images": n,
+                "n_registered": n_reg,
+                "registered_share": round(share, 4),
+                "camera_model": opts.camera_model,
+                "matcher": matcher,
+                "sfm_s": round(sum(result.seconds.values()), 2),
+                "mean_keypoints": round(result.mean_keypoints, 1),
+            }
+        )
+        min_share = settings.sfm_min_registered_share
+        if share < min_share or n_reg < MIN_TRAIN_VIEWS + 1:
+            raise StageError(
+                f"SfM registered {n_reg} of {n} images ({share:.0%}); at least {min_share:.0%} "
+                f"(SFM_MIN_REGISTERED_SHARE) and {MIN_TRAIN_VIEWS + 1} images must register. "
+                f"{CAPTURE_HINT}"
+            )
+        display = dict(zip(cap.files, cap.names))
+        scene = []
+        for r in result.registered:
+            k = intrinsics(r.model, r.params_info, r.params)
+            scene.append(
+                SceneFrame(
+                    image=cap.image_dir / r.name,
+                    c2w=r.world_from_cam,
+                    axes="opencv",
+                    fx=k["fx"],
+                    fy=k["fy"],
+                    cx=k["cx"],
+                    cy=k["cy"],
+                    distortion=k["distortion"],
+                    name=display[r.name],
+                )
+            )
+        partial.mkdir()
+        try:
+            downscale = job.config.get("downscale")
+            meta = write_scene(
+                partial,
+                scene,
+                source_format=f"sfm-{cap.kind}",
+                # the training size, as for posed uploads (service/intake/scene/build.py)
+                long_side=None
+                if downscale
+                else (job.config.get("long_side") or settings.train_long_side),
+                downscale=downscale,
+                aabb_scale=job.config.get("aabb_scale"),
+                points_xyz=result.points_xyz,
+                points_rgb=result.points_rgb,
+            )
+        except SceneError as exc:
+            raise StageError(str(exc)) from None
+        paths.artifacts.mkdir(parents=True, exist_ok=True)
+        (paths.artifacts / TRANSFORMS_ARTIFACT).write_text(
+            json.dumps(nerfstudio_transforms(result.registered, display), indent=1)
+        )
+        if paths.dataset.exists():
+            shutil.rmtree(paths.dataset)
+        os.replace(partial, paths.dataset)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(partial, ignore_errors=True)
+    shutil.rmtree(paths.root / CAPTURE_DIR, ignore_errors=True)
+    registered = {r.name for r in result.registered}
+    splits = [f["split"] for f in meta["frames"]]
+    summary.update(
+        {
+            "sfm": "done",
+            "unregistered": [display[f] for f in cap.files if f not in registered][
+                :UNREGISTERED_LISTED
+            ],
+            "n_points3d": int(meta.get("n_points3d", 0)),
+            "n_train": splits.count("train"),
+            "n_test": splits.count("test"),
+            "n_val": splits.count("val"),
+            "sizes": sorted({f"{f['w']}x{f['h']}" for f in meta["frames"]}),
+            "has_alpha": meta["has_alpha"],
+            "normalization": meta["normalization"],
+            "source_format": meta["source_format"],
+            "artifacts": [TRANSFORMS_ARTIFACT],
+        }
+    )
+    return summary
