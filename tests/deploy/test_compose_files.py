@@ -13,7 +13,8 @@ from tests.support.compose_local import REPO, argv_of, environment_of, load_comp
 
 GPU_FILE = REPO / "docker-compose.yml"
 CPU_FILE = REPO / "docker-compose.cpu.yml"
-WORKERS = ("worker-train", "worker-render")
+GPU_WORKERS = ("worker-train", "worker-render")
+WORKERS = (*GPU_WORKERS, "worker-preprocess")
 
 
 def _gpu_devices(service: dict) -> list[dict]:
@@ -102,6 +103,8 @@ def test_topology(path):
     assert "--prefetch-multiplier=1" in train
     render = argv_of(services["worker-render"]["command"])
     assert render[render.index("-Q") + 1] == "render"
+    preprocess = argv_of(services["worker-preprocess"]["command"])
+    assert preprocess[preprocess.index("-Q") + 1] == "preprocess"
 
     # Everything that keeps state is on the shared `data` volume at DATA_DIR.
     for name in ("api", *WORKERS):
@@ -153,7 +156,7 @@ def test_bare_settings_follow_the_host_environment():
 def test_gpu_reservations():
     gpu = load_compose(GPU_FILE, env={})["services"]
     cpu = load_compose(CPU_FILE, env={})["services"]
-    for name in WORKERS:
+    for name in GPU_WORKERS:
         devices = _gpu_devices(gpu[name])
         assert (
             devices and devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
@@ -162,7 +165,7 @@ def test_gpu_reservations():
     # Train replicas see every GPU and nf-gpu-slot gives each its own (see docker/bin/nf-gpu-slot).
     assert _gpu_devices(gpu["worker-train"])[0]["count"] == "all"
     assert argv_of(gpu["worker-train"]["command"])[0] == "nf-gpu-slot"
-    for name in ("api", "redis"):
+    for name in ("api", "redis", "worker-preprocess"):  # SfM runs on CPUs
         assert not _gpu_devices(gpu[name])
 
 
