@@ -3,7 +3,8 @@ the textured scene seen from a video-like loop of cameras, as plain photos (zip)
 (H.264 MP4 via PyAV) and, for comparison, as the same photos with their true poses (Blender
 layout); plus held-out poses and their true images for evaluation.
 
-Used by tests/worker/test_sfm_job.py and experiments/sfm_table.py.
+Used by tests/worker/test_sfm_job.py and experiments/sfm_table.py, which also share the
+evaluation here: align the recovered cameras to the true ones, render held-out poses.
 """
 
 from __future__ import annotations
@@ -126,3 +127,51 @@ def to_frame(c2w: np.ndarray, s: float, r: np.ndarray, t: np.ndarray) -> np.ndar
     out[:3, :3] = r @ c2w[:3, :3]
     out[:3, 3] = s * r @ c2w[:3, 3] + t
     return out
+
+
+def align(transforms: dict, capture: Capture, index_of) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """Recovered c2w (from a job's transforms.json artifact) and true c2w of the registered
+    frames, and the similarity true -> SfM frame fitted to the camera centres. `index_of`
+    maps a frame's file_path to its capture index."""
+    est = np.stack([np.array(f["transform_matrix"]) for f in transforms["frames"]])
+    true = np.stack([capture.c2w[index_of(f["file_path"])] for f in transforms["frames"]])
+    return est, true, similarity(true[:, :3, 3], est[:, :3, 3])
+
+
+def pose_errors(est: np.ndarray, true: np.ndarray, sim: tuple) -> tuple[float, float]:
+    """Median rotation error (degrees) and camera-centre error (share of the camera distance)
+    of recovered poses against true ones moved by `sim`."""
+    s, r, t = sim
+    rot, centre = [], []
+    for e, g in zip(est, true):
+        moved = to_frame(g, s, r, t)
+        cos = (np.trace(moved[:3, :3].T @ e[:3, :3]) - 1) / 2
+        rot.append(math.degrees(math.acos(np.clip(cos, -1, 1))))
+        centre.append(np.linalg.norm(moved[:3, 3] - e[:3, 3]) / (s * np.linalg.norm(g[:3, 3])))
+    return float(np.median(rot)), float(np.median(centre))
+
+
+def render_held_out(client, job_id: str, capture: Capture, sim: tuple | None = None) -> list:
+    """The job's renders (HTTP render API) of the held-out true poses, moved into the job's
+    frame by `sim` (None: the job's frame is the true one); (H, W, 3) floats in [0, 1]."""
+    out = []
+    for c2w in capture.test_c2w:
+        pose = c2w if sim is None else to_frame(c2w, *sim)
+        body = {
+            "width": capture.size,
+            "height": capture.size,
+            "fx": capture.fx,
+            "fy": capture.fx,
+            "camera": {"c2w": pose.tolist()},
+            "background": "black",
+        }
+        r = client.post(f"/v1/jobs/{job_id}/render", json=body)
+        if r.status_code != 200:
+            raise RuntimeError(f"render failed: {r.status_code} {r.text}")
+        out.append(np.asarray(Image.open(io.BytesIO(r.content)).convert("RGB"), np.float64) / 255)
+    return out
+
+
+def psnr(pred: np.ndarray, gt_uint8: np.ndarray) -> float:
+    mse = float(np.mean((pred - gt_uint8.astype(np.float64) / 255) ** 2))
+    return -10 * math.log10(max(mse, 1e-10))

@@ -411,9 +411,9 @@ def test_colmap_wrong_parameter_count(tmp_path, blender):
     )
 
 
-def test_no_poses(tmp_path, blender):
-    files = {k: v for k, v in blender.items() if k.endswith(".png")}
-    refused(tmp_path, zip_bytes(files), 422, "no camera poses")
+def test_no_poses(tmp_path):
+    # Photos without poses go to structure from motion (tests/worker/test_sfm_*.py).
+    refused(tmp_path, zip_bytes({"notes/readme.txt": b"hello"}), 422, "no camera poses")
 
 
 def test_image_path_outside_the_upload(tmp_path, blender):

@@ -7,21 +7,18 @@ points. Trainings are tiny; experiments/sfm_table.py runs the full comparison.""
 
 from __future__ import annotations
 
-import io
 import json
-import math
 import re
 
 import numpy as np
 import pytest
-from PIL import Image
 
-from experiments.sfm_capture import make_capture, similarity, to_frame
+from experiments.sfm_capture import align, make_capture, pose_errors, psnr, render_held_out
 from tests.support.stack import stack_maker
 
 N_FRAMES, SIZE = 24, 200
 NERF = {
-    "steps": 300,
+    "steps": 200,
     "samples_per_step": 8192,
     "max_rays_per_step": 2048,
     "log2_hashmap_size": 15,
@@ -48,7 +45,7 @@ def stack(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def capture():
-    return make_capture(N_FRAMES, SIZE)
+    return make_capture(N_FRAMES, SIZE, n_test=3)
 
 
 def _submit(stack, data: bytes, name: str, kind: str, config: dict) -> str:
@@ -90,48 +87,9 @@ def _transforms(stack, job_id: str) -> dict:
     return r.json()
 
 
-def _alignment(transforms: dict, capture, index_of) -> tuple[np.ndarray, np.ndarray, tuple]:
-    """Recovered and true c2w of the registered frames, and the similarity true -> SfM frame."""
-    est, true = [], []
-    for f in transforms["frames"]:
-        est.append(np.array(f["transform_matrix"]))
-        true.append(capture.c2w[index_of(f["file_path"])])
-    est, true = np.stack(est), np.stack(true)
-    s, r, t = similarity(true[:, :3, 3], est[:, :3, 3])
-    return est, true, (s, r, t)
-
-
-def _pose_errors(est, true, sim) -> tuple[float, float]:
-    """Median rotation error (degrees) and camera-centre error (share of the camera distance)
-    of the recovered poses, in the true frame."""
-    s, r, t = sim
-    rot, centre = [], []
-    for e, g in zip(est, true):
-        moved = to_frame(g, s, r, t)
-        cos = (np.trace(moved[:3, :3].T @ e[:3, :3]) - 1) / 2
-        rot.append(math.degrees(math.acos(np.clip(cos, -1, 1))))
-        centre.append(np.linalg.norm(moved[:3, 3] - e[:3, 3]) / (s * np.linalg.norm(g[:3, 3])))
-    return float(np.median(rot)), float(np.median(centre))
-
-
 def _held_out_psnr(stack, job_id: str, capture, sim=None) -> float:
-    psnrs = []
-    for c2w, gt in zip(capture.test_c2w, capture.test_rgb):
-        pose = c2w if sim is None else to_frame(c2w, *sim)
-        body = {
-            "width": SIZE,
-            "height": SIZE,
-            "fx": capture.fx,
-            "fy": capture.fx,
-            "camera": {"c2w": pose.tolist()},
-            "background": "black",
-        }
-        r = stack.client.post(f"/v1/jobs/{job_id}/render", json=body)
-        assert r.status_code == 200, r.text
-        pred = np.asarray(Image.open(io.BytesIO(r.content)).convert("RGB"), np.float64) / 255
-        mse = float(np.mean((pred - gt.astype(np.float64) / 255) ** 2))
-        psnrs.append(-10 * math.log10(max(mse, 1e-10)))
-    return float(np.mean(psnrs))
+    preds = render_held_out(stack.client, job_id, capture, sim)
+    return float(np.mean([psnr(p, g) for p, g in zip(preds, capture.test_rgb)]))
 
 
 def _photo_index(path: str) -> int:
@@ -154,8 +112,8 @@ def test_photos_without_poses_register_and_train_like_posed(stack, capture, jobs
     assert (
         transforms["camera_model"] == "OPENCV" and len(transforms["frames"]) == ds["n_registered"]
     )
-    est, true, sim = _alignment(transforms, capture, _photo_index)
-    rot_deg, centre = _pose_errors(est, true, sim)
+    est, true, sim = align(transforms, capture, _photo_index)
+    rot_deg, centre = pose_errors(est, true, sim)
     assert rot_deg < 1.0 and centre < 0.01, (rot_deg, centre)
 
     posed = _held_out_psnr(stack, jobs["posed"]["id"], capture)
@@ -186,8 +144,8 @@ def test_video_registers_and_seeds_a_splat_with_sfm_points(stack, capture, jobs)
     assert ds["source_format"] == "sfm-video" and ds["matcher"] == "sequential"
     assert ds["n_video_frames"] == 2 * N_FRAMES and ds["n_images"] == N_FRAMES, ds
     assert ds["n_registered"] >= 0.9 * N_FRAMES, ds
-    est, true, sim = _alignment(_transforms(stack, job["id"]), capture, _video_index)
-    rot_deg, centre = _pose_errors(est, true, sim)
+    est, true, sim = align(_transforms(stack, job["id"]), capture, _video_index)
+    rot_deg, centre = pose_errors(est, true, sim)
     assert rot_deg < 1.5 and centre < 0.02, (rot_deg, centre)
     # The splat job started from SfM's points (init=points3d would have failed without them).
     points = (stack.job_dir(job["id"]) / "dataset" / "points3D.txt").read_text().splitlines()
