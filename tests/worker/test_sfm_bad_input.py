@@ -116,7 +116,7 @@ def test_cancel_stops_sfm(stack):
     stack.wait_for(job_id, lambda j: j["progress"]["stage"] == "sfm", 60, "sfm stage")
     assert stack.client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
     job = stack.wait_status(job_id, "cancelled", "failed", "succeeded", timeout=30)
-    assert job["status"] == "cancelled", job
+    assert job["status"] == "cancelled", (job["error"], stack.logs())
     # The SfM run itself stopped: its work folder is gone and no dataset was written.
     stack.wait_for(
         job_id, lambda j: not (stack.job_dir(job_id) / "sfm").exists(), 15, "sfm folder removed"

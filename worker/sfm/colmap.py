@@ -122,6 +122,13 @@ def run_sfm(
 ) -> SfmResult:
     """SfM on `image_dir/<name>` for every name; COLMAP's database and models go to `work_dir`.
     `progress(percent)` runs from `start_pct` to 100. Raises SfmCancelled."""
+    try:
+        return _run_sfm(image_dir, names, work_dir, opts, progress, cancelled, start_pct)
+    except InterruptedError:  # how pycolmap's calls end when their token is cancelled
+        raise SfmCancelled() from None
+
+
+def _run_sfm(image_dir, names, work_dir, opts, progress, cancelled, start_pct) -> SfmResult:
     import pycolmap
 
     device = pycolmap.Device.cpu
