@@ -274,6 +274,7 @@ def wait_for(api: Api, job_id: str, quiet: bool = False, timeout: float | None =
                 eta = data.get("eta_s")
                 bar.update(
                     task,
+                    description=f"running: {data['stage']}" if data.get("stage") else "running",
                     total=total,
                     completed=data.get("step", 0),
                     steps=f"{data.get('step', 0)}/{total or '?'}",

@@ -30,6 +30,10 @@ function fmtDuration(s) {
 
 function progressText(p, status) {
   if (!p || !p.total_steps) return status === "queued" ? "waiting for a worker…" : "";
+  if (p.stage === "sfm") {
+    const eta = status === "running" && p.eta_s != null ? ` · ETA ${fmtDuration(p.eta_s)}` : "";
+    return `structure from motion ${p.step} %${eta}`;
+  }
   const bits = [`step ${p.step} / ${p.total_steps}`];
   if (p.loss != null) bits.push(`loss ${Number(p.loss).toPrecision(3)}`);
   if (p.psnr != null) bits.push(`PSNR ${Number(p.psnr).toFixed(2)} dB`);

@@ -16,7 +16,8 @@ export class LossPlot {
   }
 
   add(p) {
-    if (p == null || !Number.isFinite(p.step)) return;
+    // Loss and PSNR come from training; the structure-from-motion stage counts percent.
+    if (p == null || !Number.isFinite(p.step) || p.stage === "sfm") return;
     this.points.set(p.step, { step: p.step, loss: p.loss, psnr: p.psnr });
     this.scheduleDraw();
   }
