@@ -122,3 +122,11 @@ def test_cancel_stops_sfm(stack):
         job_id, lambda j: not (stack.job_dir(job_id) / "sfm").exists(), 15, "sfm folder removed"
     )
     assert not (stack.job_dir(job_id) / "dataset").exists()
+
+
+def test_make_run_serves_the_preprocess_queue():
+    """`make run` (service.embedded) starts its one worker with this command line."""
+    from service.embedded import worker_command
+
+    argv = worker_command()
+    assert set(argv[argv.index("-Q") + 1].split(",")) == {"train", "render", "preprocess"}
