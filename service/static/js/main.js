@@ -48,7 +48,7 @@ const fraction = (p) => (p && p.total_steps ? Math.min(1, p.step / p.total_steps
 
 function setupUpload() {
   const kind = $("kind"), file = $("dataset"), config = $("config"), msg = $("upload-msg");
-  const accept = { image: "image/png,image/jpeg,.png,.jpg,.jpeg", nerf: ".zip,.tar,.tar.gz,.tgz,application/zip" };
+  const accept = { image: "image/png,image/jpeg,.png,.jpg,.jpeg", nerf: ".zip,.tar,.tar.gz,.tgz,application/zip,.mp4,.mov,.m4v,.webm,.mkv,video/*" };
   accept.splat = accept.nerf;
   const applyKind = () => {
     file.accept = accept[kind.value] || "";
