@@ -150,6 +150,14 @@ def test_browser_draws_the_splats_like_the_server(browser, fs_stack, trained):
               f"vs a 5-degree turn {psnr(shown, turned):.2f} dB")  # fmt: skip
         assert score > MIN_PSNR_DB and score_fg > MIN_SCENE_PSNR_DB, (score, score_fg)
         assert score > psnr(shown, turned) + 5
+
+        # the export panel: a point cloud made on the worker, downloaded with the page's key
+        page.select_option("#export-format", "point_cloud")
+        page.click("#export-go")
+        link = page.wait_for_selector("#export-list a[data-format='point_cloud']", timeout=60_000)
+        with page.expect_download() as dl:
+            link.click()
+        assert Path(dl.value.path()).read_bytes().startswith(b"ply")
         assert errors == []
     finally:
         ctx.close()

@@ -139,3 +139,7 @@ export async function createExport(id, body) {
 export async function getExport(id, exportId) {
   return (await request("GET", jobUrl(id, `/exports/${encodeURIComponent(exportId)}`))).json();
 }
+
+export async function listExports(id) {
+  return (await request("GET", jobUrl(id, "/exports"))).json();
+}

@@ -3,6 +3,7 @@
 import * as api from "./api.js";
 import { el } from "./dom.js";
 import { LossPlot } from "./plot.js";
+import { ExportPanel } from "./exports.js";
 import { SplatViewer } from "./splat_viewer.js";
 import { makeViewer } from "./viewer.js";
 
@@ -151,6 +152,7 @@ async function onFinished(id) {
       // splat jobs are drawn in the browser from their .splat export; other kinds by the server
       detail.viewer = job.kind === "splat" ? new SplatViewer($("viewer"), job) : makeViewer($("viewer"), job);
     }
+    if (!detail.exports && job.kind !== "image") detail.exports = new ExportPanel($("exports"), job);
     offerCheckpoint(job);
   }
 }
@@ -214,6 +216,7 @@ function closeDetail() {
   if (!detail) return;
   detail.source?.close();
   detail.viewer?.dispose();
+  detail.exports?.dispose();
   detail = null;
 }
 
@@ -235,6 +238,7 @@ async function select(id) {
   $("placeholder").hidden = true;
   $("detail").hidden = false;
   $("viewer").replaceChildren();
+  $("exports").replaceChildren();
   $("d-checkpoint").hidden = true;
   $("d-checkpoint-msg").textContent = "";
   plot.clear();
