@@ -7,20 +7,7 @@
 namespace kn_cuda {
 namespace {
 
-constexpr int NAIVE_BLOCK = 256;
-
-// double atomicAdd needs sm_60+, below every arch we build for. Host side only so that the shared
-// __host__ __device__ driver may name it.
-struct AtomicAdd {
-    template <typename T>
-    __host__ __device__ void operator()(T* p, T v) const {
-#if defined(__CUDA_ARCH__)
-        atomicAdd(p, v);
-#else
-        *p += v;
-#endif
-    }
-};
+constexpr int NAIVE_BLOCK = 256;  // whole warps: the backward's reductions use every lane
 
 template <typename T>
 __device__ __forceinline__ void atomic_add(T* p, T v) {
@@ -44,14 +31,34 @@ __global__ void naive_fwd_kernel(int H, int W, int64_t n, const T* __restrict__ 
     kn::naive_forward_pixel<T>(pix, W, n, means, conics, colors, opac, prm, out_rgb, out_T, out_n);
 }
 
+// One thread per pixel as well, but the lanes of a warp walk the splats in lockstep (from the
+// warp's deepest stop down), so each warp sums its pixels' gradients for a splat before one lane
+// adds them. Threads past the image stay to the end: the shuffles need every lane.
 template <typename T>
 __global__ void naive_bwd_kernel(int H, int W, const T* __restrict__ means, const T* __restrict__ conics,
                                  const T* __restrict__ colors, const T* __restrict__ opac, kn::SplatParams<T> prm,
                                  const T* __restrict__ fin_T, const int32_t* __restrict__ fin_n,
                                  const T* __restrict__ g_rgb, const T* __restrict__ g_T, T* grads) {
     const int64_t pix = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (pix >= (int64_t)H * W) return;
-    kn::naive_backward_pixel<T>(pix, W, means, conics, colors, opac, prm, fin_T, fin_n, g_rgb, g_T, grads, AtomicAdd{});
+    const bool inside = pix < (int64_t)H * W;
+    const T zero3[3] = {T(0), T(0), T(0)};
+    kn::PixelBwd<T> p = inside ? kn::pixel_bwd_init<T>(fin_T[pix], g_rgb + 3 * pix, g_T[pix])
+                               : kn::pixel_bwd_init<T>(T(1), zero3, T(0));
+    const int32_t my_n = inside ? fin_n[pix] : 0;
+    const T px = T(pix % W) + T(0.5), py = T(pix / W) + T(0.5);
+    int32_t warp_n = my_n;
+    for (int off = 16; off > 0; off >>= 1) warp_n = max(warp_n, __shfl_xor_sync(0xffffffffu, warp_n, off));
+    T out[kn::SPLAT_GRADS];
+    for (int32_t i = warp_n - 1; i >= 0; --i) {
+        const bool mine =
+            i < my_n && kn::pixel_bwd_step(p, kn::load_splat<T>(i, means, conics, colors, opac), px, py, prm, out);
+        if (!__any_sync(0xffffffffu, mine)) continue;
+        T* g = grads + (int64_t)kn::SPLAT_GRADS * i;
+        for (int q = 0; q < kn::SPLAT_GRADS; ++q) {
+            const T sum = warp_sum(mine ? out[q] : T(0));
+            if ((threadIdx.x & 31) == 0) atomic_add(g + q, sum);
+        }
+    }
 }
 
 // Tiled: one block of SPLAT_TILE^2 threads per tile; each batch of the tile's depth-sorted list

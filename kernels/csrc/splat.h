@@ -160,7 +160,8 @@ KN_HD void naive_forward_pixel(int64_t pix, int W, int64_t n, const T* means, co
     out_n[pix] = p.n;
 }
 
-// add(ptr, value) is a plain += into a per-thread buffer on the CPU and atomicAdd on the GPU.
+// add(ptr, value): a plain += into a per-thread buffer (the CPU loops; the CUDA kernel walks the
+// splats in warp lockstep instead, see splat.cu).
 template <typename T, typename Add>
 KN_HD void naive_backward_pixel(int64_t pix, int W, const T* means, const T* conics, const T* colors, const T* opac,
                                 const SplatParams<T>& prm, const T* fin_T, const int32_t* fin_n, const T* g_rgb,
