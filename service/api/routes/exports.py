@@ -62,7 +62,7 @@ def _check_options(req: ExportRequest, settings: Settings) -> dict:
     summary="Export the trained scene as a mesh, point cloud or splat file (runs on a worker)",
     dependencies=[Depends(rate_limited)],
     responses={
-        200: {"description": "this export (same format and options) exists already"},
+        200: {"model": Export, "description": "this export (same format and options) exists"},
         409: {"description": "the job has not succeeded"},
         422: {"description": "unknown format, a format the job's kind has not, bad options"},
         503: {"description": "the queue is unreachable"},

@@ -241,7 +241,9 @@ export class SplatRenderer {
     gl.clearColor(r, g, b, 1);
     gl.clear(gl.COLOR_BUFFER_BIT);
     if (!this.n) return;
+    const t0 = performance.now();
     this.sort(view);
+    this.sortMs = performance.now() - t0;
     gl.useProgram(this.prog);
     gl.bindVertexArray(this.vao);
     gl.activeTexture(gl.TEXTURE0);
