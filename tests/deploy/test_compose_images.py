@@ -87,8 +87,8 @@ def test_api_image_serves_without_torch_or_worker_code(tmp_path):
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
 
 
-def test_worker_image_copies_every_package():
-    assert _copied_packages(WORKER_DOCKERFILE) == PROJECT_PACKAGES
+def test_worker_image_copies_every_package_but_the_api():
+    assert _copied_packages(WORKER_DOCKERFILE) == PROJECT_PACKAGES - {"service"}
 
 
 @pytest.mark.parametrize("dockerfile", [API_DOCKERFILE, WORKER_DOCKERFILE], ids=["api", "worker"])
