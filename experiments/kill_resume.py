@@ -97,6 +97,9 @@ def run(
                 "BROKER_POLLING_INTERVAL_S": "0.1",
                 "API_KEYS": f"kill:{TEST_KEY}",
                 "CHECKPOINT_INTERVAL_S": str(interval_s),
+                # Every kill here is a lost worker on purpose: do not let the job fail for it.
+                "MAX_WORKER_LOSSES": "1000",
+                "QUOTA_ACTIVE_JOBS": "1000",
                 "PROGRESS_INTERVAL_S": "0.2",
                 # Redis would only redeliver after this; the requeue on start-up is what we test.
                 "VISIBILITY_TIMEOUT_S": "3600",

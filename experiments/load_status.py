@@ -53,6 +53,8 @@ def run(clients: int, seconds: float, render_every: int, out=print) -> dict:
                 "API_KEYS": f"load:{TEST_KEY}",
                 "RENDER_PIXELS_PER_MIN": "1e12",
                 "RENDER_PIXEL_BURST": "1e12",
+                "QUOTA_ACTIVE_JOBS": "1000",
+                "QUOTA_JOBS_PER_HOUR": "100000",
             }
         )
         stack = Stack(data_dir=data, log_dir=logs, env=env, port=free_port())

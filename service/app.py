@@ -19,6 +19,7 @@ from service.api.deps import require_job_owner, require_key
 from service.api.gate import V1Gate
 from service.auth import KeyRing, install_log_redaction
 from service.queue import TaskQueue, make_client
+from service.quotas import Quotas
 from service.ratelimit import make_bucket
 from service.static import mount_web
 
@@ -132,6 +133,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.storage = storage
     app.state.store = JobStore(storage)
     app.state.queue = TaskQueue(make_client(settings), settings)
+    app.state.quotas = Quotas(storage, app.state.store, settings)
+    app.state.quotas.index.build_once()
     app.state.keys = KeyRing.from_settings(settings)
     install_log_redaction()
     app.state.render_limit = make_bucket(

@@ -13,6 +13,7 @@ import sys
 
 import uvicorn
 
+from core.process import set_parent_death_signal
 from core.settings import Settings, get_settings
 from service.auth import DEV_KEY
 
@@ -58,7 +59,16 @@ def main() -> int:
     settings = get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "DATA_DIR": str(settings.data_dir.resolve())}
-    worker = subprocess.Popen(worker_command(), env=env, start_new_session=True)
+    parent = os.getpid()
+    # The worker dies with this process however it dies (SIGKILL, OOM killer): a worker left
+    # training with no API in front of it helps nobody. SIGTERM is its warm shutdown, which
+    # stops a running training at its next step (worker/tasks.py).
+    worker = subprocess.Popen(
+        worker_command(),
+        env=env,
+        start_new_session=True,
+        preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM, expected_parent=parent),
+    )
     broker = (
         f"Redis at {settings.redis_url}"
         if settings.redis_url

@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import fcntl
 import logging
+import os
+import signal
 import threading
 import time
 import traceback
@@ -15,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_ready
+from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
 from api_schemas.jobs import JobStatus
 from core.celery_config import (
@@ -25,20 +27,30 @@ from core.celery_config import (
     TASK_TRAIN,
     TRAIN_QUEUE,
 )
+from core.process import set_parent_death_signal
 from core.settings import get_settings
 from core.storage import get_storage
 from core.store import JobNotFound, JobStore
 from worker.app import app, limit_torch_threads
 from worker.checkpoints import Checkpoint, CheckpointManager
 from worker.jobs import (
+    STOP,
     JobCancelled,
     JobContext,
+    JobInterrupted,
     RenderError,
     UnknownKind,
     get_kind_module,
     pick_device,
 )
 from worker.progress import ProgressReporter
+from worker.reaper import (
+    close_delivery,
+    lease,
+    lock_free,
+    open_delivery,
+    start_reaper,
+)
 from worker.sfm import stage as sfm_stage
 
 log = logging.getLogger(__name__)
@@ -113,7 +125,13 @@ def _train_lock(paths, wait_s: float = 5.0) -> Iterator[bool]:
         fh.close()
 
 
-@app.task(name="nf.train", ignore_result=True, acks_late=True)
+@app.task(
+    name="nf.train",
+    ignore_result=True,
+    acks_late=True,
+    # The training budget ceiling: SoftTimeLimitExceeded is raised inside the trainer.
+    soft_time_limit=get_settings().max_train_s,
+)
 def train(job_id: str) -> None:
     settings = get_settings()
     store = _store()
@@ -134,7 +152,22 @@ def train(job_id: str) -> None:
         if sfm_stage.needs_preprocess(paths):  # a re-sent orphan still waiting for its SfM
             _send(TASK_PREPROCESS, PREPROCESS_QUEUE, job_id)
             return
-        _train_locked(store, settings, job_id, paths)
+        losses = open_delivery(paths)
+        try:
+            if losses >= settings.max_worker_losses:
+                _fail_when_possible(
+                    store,
+                    job_id,
+                    f"worker lost {losses} times (MAX_WORKER_LOSSES={settings.max_worker_losses}):"
+                    " the training process died each time (out of memory? a crash?)",
+                )
+                return
+            _training.set()
+            with lease(paths, settings.lease_ttl_s):
+                _train_locked(store, settings, job_id, paths)
+        finally:
+            _training.clear()
+            close_delivery(paths)
 
 
 def _send(task: str, queue: str, job_id: str) -> None:
@@ -225,26 +258,102 @@ def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
         )
         log.info("job %s cancelled", job_id)
         return
+    except JobInterrupted:
+        # The worker is shutting down: hand the job back; the next worker (or this one,
+        # restarted) resumes it from its latest checkpoint.
+        store.set_status(job_id, JobStatus.queued, only_from={JobStatus.running})
+        log.warning("job %s interrupted by worker shutdown; back in the queue", job_id)
+        return
+    except SoftTimeLimitExceeded:
+        _fail_when_possible(
+            store,
+            job_id,
+            f"training ran past its time ceiling of {settings.max_train_s:g} s (MAX_TRAIN_S)",
+        )
+        return
     except Exception as exc:
         log.error("job %s failed:\n%s", job_id, traceback.format_exc())
-        store.set_status(
-            job_id,
-            JobStatus.failed,
-            error=_short_error(exc),
-            only_from={JobStatus.running, JobStatus.queued},
-        )
+        _fail_when_possible(store, job_id, _short_error(exc))
         return
     store.set_status(job_id, JobStatus.succeeded, metrics=metrics, only_from={JobStatus.running})
 
 
+def _fail_when_possible(store: JobStore, job_id: str, error: str, max_wait_s: float = 3600) -> None:
+    """Mark the job failed. On a full disk that write fails too (job.json is replaced through a
+    new file): keep trying, with the lease still renewed, until space is back, so the job does
+    not stay `running` with nobody training it."""
+    delay, waited = 0.5, 0.0
+    while True:
+        try:
+            store.set_status(
+                job_id,
+                JobStatus.failed,
+                error=error,
+                only_from={JobStatus.running, JobStatus.queued},
+            )
+            return
+        except JobNotFound:
+            return
+        except OSError as exc:
+            if waited >= max_wait_s:
+                raise
+            log.warning("job %s: cannot record its failure yet (%s); retrying", job_id, exc)
+            time.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 10.0)
+
+
+# -- shutdown --------------------------------------------------------------------------------
+# Celery's warm shutdown waits for running tasks, which for a training means hours. The worker's
+# main process passes SIGTERM on to its pool processes; one that is training stops at its next
+# step (JobInterrupted: the job goes back to the queue and resumes from its checkpoint), an idle
+# one exits as it would have.
+_training = threading.Event()
+
+
+def _on_sigterm_in_pool(signum, frame) -> None:
+    if _training.is_set():
+        STOP.set()
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+@worker_process_init.connect
+def _pool_process_stops_on_sigterm(**_):
+    signal.signal(signal.SIGTERM, _on_sigterm_in_pool)
+    set_parent_death_signal(signal.SIGTERM)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # ppid is the second field after the parenthesised command name.
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(entry))
+    return out
+
+
+@worker_shutting_down.connect
+def _stop_trainings(sig=None, how=None, **_):
+    if how != "Warm":
+        return
+    for pid in _children(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
 # -- orphaned trainings ---------------------------------------------------------------------
-def _lock_free(paths) -> bool:
-    try:
-        with open(paths.root / TRAIN_LOCK, "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-    except BlockingIOError:
-        return False
+_lock_free = lock_free
 
 
 def requeue_orphans() -> list[str]:
@@ -291,6 +400,7 @@ def _on_worker_ready(sender=None, **_):
             requeue_orphans()
         except Exception:
             log.exception("could not check for orphaned trainings")
+        start_reaper(app, _store, get_settings())
 
 
 # -- rendering -----------------------------------------------------------------------------

@@ -281,6 +281,9 @@ def stack_maker(tmp_path_factory) -> Iterator:
                 "PYTHONUNBUFFERED": "1",
                 "BROKER_POLLING_INTERVAL_S": "0.1",
                 "API_KEYS": f"test:{TEST_KEY}",
+                # Test modules share one key and submit freely; quota tests set their own.
+                "QUOTA_ACTIVE_JOBS": "1000",
+                "QUOTA_JOBS_PER_HOUR": "100000",
             }
         )
         full_env.pop("API_KEYS_FILE", None)

@@ -12,6 +12,7 @@ Client mistakes inside render raise RenderError(status_code, detail).
 from __future__ import annotations
 
 import importlib
+import threading
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -28,6 +29,15 @@ class UnknownKind(LookupError):
 
 class JobCancelled(Exception):
     """Raised by ctx.raise_if_cancelled(); the task marks the job cancelled."""
+
+
+class JobInterrupted(Exception):
+    """Raised by ctx.raise_if_cancelled() once the worker is shutting down (SIGTERM): the task
+    puts the job back in the queue and it resumes from its checkpoint."""
+
+
+# Set in a pool process when its worker is told to stop (worker/tasks.py installs the handler).
+STOP = threading.Event()
 
 
 class RenderError(Exception):
@@ -73,6 +83,8 @@ class JobContext:
         return self.paths.cancel.exists()
 
     def raise_if_cancelled(self) -> None:
+        if STOP.is_set():
+            raise JobInterrupted()
         if self.cancelled():
             raise JobCancelled()
 

@@ -28,10 +28,11 @@ from service.api.deps import (
     load_job,
 )
 from service.api.multipart import boundary_of, read_form
-from service.auth import ApiKey, owns, record_owner
+from service.auth import ApiKey
 from service.intake import IntakeError
 from service.intake.registry import KINDS, available_kinds, get_kind
 from service.queue import TaskQueue
+from service.quotas import QuotaExceeded
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=GUARDS)
@@ -59,6 +60,23 @@ def _parse_config(spec, raw: str | None) -> dict[str, Any]:
         return spec.config_model.model_validate(data).model_dump(mode="json")
     except ValidationError as exc:
         raise HTTPException(422, _validation_detail(exc)) from None
+
+
+def _check_budget(cfg: dict[str, Any], settings: Settings) -> None:
+    steps = cfg.get("steps")
+    if isinstance(steps, int) and steps > settings.max_train_steps:
+        raise HTTPException(
+            422,
+            f"config.steps: {steps} is over the training ceiling of {settings.max_train_steps} "
+            f"(MAX_TRAIN_STEPS)",
+        )
+    limit = cfg.get("time_limit_s")
+    if isinstance(limit, int | float) and limit > settings.max_train_s:
+        raise HTTPException(
+            422,
+            f"config.time_limit_s: {limit:g} is over the training ceiling of "
+            f"{settings.max_train_s:g} s (MAX_TRAIN_S)",
+        )
 
 
 def _safe_name(filename: str | None) -> str:
@@ -113,7 +131,10 @@ def _finish_intake(
     summary="Upload a dataset and start training",
     openapi_extra=UPLOAD_BODY,
     responses={
-        413: {"description": "over MAX_UPLOAD_MB"},
+        413: {"description": "over MAX_UPLOAD_MB, or the key's QUOTA_STORED_MB is used up"},
+        429: {
+            "description": "QUOTA_ACTIVE_JOBS or QUOTA_JOBS_PER_HOUR reached (Retry-After says when)"
+        },
         415: {"description": "not a supported file"},
         422: {"description": "unknown kind, bad config or bad file"},
     },
@@ -130,9 +151,12 @@ async def create_job(
         boundary_of(request)
     except IntakeError as exc:
         raise HTTPException(exc.status_code, exc.detail) from None
-    job_id, paths = storage.new_job_dir()
     try:
-        record_owner(paths, key)  # before job.json exists, so the job is never visible ownerless
+        # Quotas are checked, and the job folder reserved, before the upload is read.
+        job_id, paths = await run_in_threadpool(request.app.state.quotas.admit, key)
+    except QuotaExceeded as exc:
+        raise HTTPException(exc.status_code, exc.detail, headers=exc.headers) from None
+    try:
         paths.upload.mkdir()
         form = await read_form(
             request, lambda _field, name: paths.upload / _safe_name(name), settings.max_upload_bytes
@@ -146,6 +170,7 @@ async def create_job(
                 422, f"unknown kind {kind!r}; available: {', '.join(available_kinds()) or 'none'}"
             )
         cfg = _parse_config(spec, form.fields.get("config"))
+        _check_budget(cfg, settings)
         upload = next((f for f in form.files if f.field == "dataset"), None)
         if upload is None:
             raise IntakeError(422, "form field `dataset` (a file) is required")
@@ -172,6 +197,7 @@ async def create_job(
 
 @router.get("", response_model=JobList, summary="List jobs, newest first")
 def list_jobs(
+    request: Request,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0)] = 0,
     status: JobStatus | None = None,
@@ -180,8 +206,15 @@ def list_jobs(
     storage: LocalStorage = Depends(get_storage),
     key: ApiKey = Depends(current_key),
 ) -> JobList:
-    everything, _ = store.list(limit=1 << 62, offset=0, status=status, kind=kind)
-    mine = [j for j in everything if owns(storage.paths(j.id), key)]
+    # The key's own index: other keys' jobs are never read.
+    mine = [
+        job
+        for _, job in request.app.state.quotas.jobs_of(key.id)
+        if job is not None
+        and (status is None or job.status == status)
+        and (kind is None or job.kind == kind)
+    ]
+    mine.sort(key=lambda j: (j.created_at, j.id), reverse=True)
     return JobList(items=mine[offset : offset + limit], total=len(mine), limit=limit, offset=offset)
 
 

@@ -1,0 +1,88 @@
+"""Per-key quotas over real HTTP, on two API replicas sharing Redis and DATA_DIR: the limits
+hold across both (parallel submissions cannot both take the last slot), each breach is a
+429 (with Retry-After) or 413/422 whose detail names the setting, and `GET /v1/jobs` reads
+only the caller's jobs."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from tests.support.stack import Stack, auth_headers, free_port, png_bytes
+
+KEY_A, KEY_B = "alpha-token-1111", "bravo-token-2222"
+QUOTAS = {
+    "API_KEYS": f"alice:{KEY_A},bob:{KEY_B}",
+    "QUOTA_ACTIVE_JOBS": "3",
+    "QUOTA_JOBS_PER_HOUR": "6",
+    "QUOTA_STORED_MB": "0.2",
+    "MAX_TRAIN_STEPS": "1000",
+}
+
+
+def _submit(client: httpx.Client, config: str = '{"steps": 10, "resolution": 16}'):
+    return client.post(
+        "/v1/jobs",
+        data={"kind": "image", "config": config},
+        files={"dataset": ("p.png", png_bytes(16, 16), "image/png")},
+    )
+
+
+def test_quotas_hold_across_replicas(stack_factory):
+    stack = stack_factory(queues=None, redis_db=7, env=QUOTAS)  # nobody trains: jobs stay queued
+    replica = Stack(stack.data_dir, stack.log_dir, stack.env, free_port())
+    replica.start_api()
+    try:
+        one = httpx.Client(base_url=stack.base_url, headers=auth_headers(KEY_A), timeout=30)
+        two = httpx.Client(base_url=replica.base_url, headers=auth_headers(KEY_A), timeout=30)
+
+        r = _submit(one, '{"steps": 5000, "resolution": 16}')
+        assert r.status_code == 422 and "MAX_TRAIN_STEPS" in r.json()["detail"], r.text
+
+        # Six at once, three to each replica: exactly QUOTA_ACTIVE_JOBS get in.
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(_submit, [one, two] * 3))
+        codes = sorted(a.status_code for a in answers)
+        assert codes == [202] * 3 + [429] * 3, codes
+        refused = next(a for a in answers if a.status_code == 429)
+        assert "QUOTA_ACTIVE_JOBS" in refused.json()["detail"]
+        assert int(refused.headers["retry-after"]) >= 1
+        accepted = [a.json()["id"] for a in answers if a.status_code == 202]
+
+        # Finishing one frees a slot; the hourly count (422 + 3 + this one + 1 = 6) then binds.
+        assert two.post(f"/v1/jobs/{accepted[0]}/cancel").json()["status"] == "cancelled"
+        assert _submit(two).status_code == 202
+        assert one.post(f"/v1/jobs/{accepted[1]}/cancel").status_code == 200
+        assert _submit(one).status_code == 202
+        assert one.post(f"/v1/jobs/{accepted[2]}/cancel").status_code == 200
+        r = _submit(two)
+        assert r.status_code == 429 and "QUOTA_JOBS_PER_HOUR" in r.json()["detail"], r.text
+        assert 3000 < int(r.headers["retry-after"]) <= 3600
+
+        # bob is not limited by alice; his disk use is his own.
+        bob = httpx.Client(base_url=replica.base_url, headers=auth_headers(KEY_B), timeout=30)
+        r = _submit(bob)
+        assert r.status_code == 202
+        (stack.job_dir(r.json()["id"]) / "artifacts").mkdir(exist_ok=True)
+        (stack.job_dir(r.json()["id"]) / "artifacts" / "big.bin").write_bytes(os.urandom(300_000))
+        r = _submit(bob)
+        assert r.status_code == 413 and "QUOTA_STORED_MB" in r.json()["detail"], r.text
+
+        # A job folder of another key whose job.json would block any reader (a FIFO): listing
+        # answers at once, so it never opens other keys' jobs.
+        planted = stack.data_dir / "jobs" / str(uuid.uuid4())
+        planted.mkdir()
+        (planted / "owner").write_text("k-someone-else")
+        os.mkfifo(planted / "job.json")
+        for client in (one, two):
+            listed = client.get("/v1/jobs", timeout=5).json()
+            assert listed["total"] == 5 and len({j["id"] for j in listed["items"]}) == 5
+            assert (
+                client.get("/v1/jobs", params={"status": "queued"}, timeout=5).json()["total"] == 2
+            )
+        assert bob.get("/v1/jobs", timeout=5).json()["total"] == 1
+    finally:
+        replica.stop()

@@ -1,0 +1,116 @@
+"""Poison and stranded trainings, on the real stack: a training whose process is SIGKILLed
+MAX_WORKER_LOSSES times fails with "worker lost N times" instead of looping; with workers up,
+a queued job whose message vanished and a running job whose whole worker died are sent again
+by the periodic reaper; an upload folder a crashed API left behind is removed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+
+from tests.support.stack import png_bytes
+
+LONG = {"steps": 200000, "resolution": 16}
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _starts(stack, job_id: str) -> int:
+    """How many times training (re)started: `running` status events."""
+    n = 0
+    for line in (stack.job_dir(job_id) / "events.jsonl").read_text().splitlines():
+        ev = json.loads(line)
+        n += ev["event"] == "status" and ev["data"]["status"] == "running"
+    return n
+
+
+def _wait(pred, timeout: float, what: str, stack) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout} s\n{stack.logs()}"
+        time.sleep(0.1)
+
+
+def test_a_training_whose_worker_is_killed_three_times_fails(stack_factory):
+    stack = stack_factory(queues="train", env={"PROGRESS_INTERVAL_S": "0.2"})
+    job_id = stack.submit(png_bytes(16, 16), config=LONG).json()["id"]
+    worker = stack.workers[0]
+    for kill in range(1, 4):
+        _wait(lambda k=kill: _starts(stack, job_id) >= k, 60, f"training start {kill}", stack)
+        for pid in _children(worker.pid):
+            os.kill(pid, signal.SIGKILL)
+    job = stack.wait_status(job_id, "failed", timeout=60)
+    assert "worker lost 3 times" in job["error"] and "MAX_WORKER_LOSSES" in job["error"]
+    assert _starts(stack, job_id) == 3  # the fourth delivery did not train
+    assert worker.poll() is None  # the worker itself is fine and takes new work
+    other = stack.submit(png_bytes(16, 16), config={"steps": 20, "resolution": 16}).json()["id"]
+    assert stack.wait_status(other, "succeeded", "failed")["status"] == "succeeded"
+
+
+def test_stranded_jobs_are_sent_again_with_workers_up(stack_factory):
+    env = {
+        "REAPER_INTERVAL_S": "1",
+        "QUEUED_GRACE_S": "2",
+        "LEASE_TTL_S": "3",
+        "STALE_UPLOAD_S": "5",
+    }
+    stack = stack_factory(queues="train", env=env)
+    second = stack.start_worker("train")
+    first = stack.workers[0]
+
+    # A queued job whose message is lost while the workers are up (a Redis that lost its
+    # queue, an API that died before sending): both workers are busy, the message is deleted.
+    busy = [stack.submit(png_bytes(16, 16), config=LONG).json()["id"] for _ in range(2)]
+    for b in busy:
+        stack.wait_status(b, "running", timeout=60)
+    lost = stack.submit(png_bytes(16, 16), config={"steps": 20, "resolution": 16}).json()["id"]
+    queue_dir = stack.data_dir / "broker" / "queue"
+    mine = [p for p in queue_dir.iterdir() if lost in p.read_text()]
+    assert mine, "the queued job's message was not in the broker"
+    for p in mine:
+        p.unlink()
+
+    # A running job whose whole worker dies, with no restart: its message is gone with it
+    # (the filesystem broker removed it when the worker took it).
+    victim = busy[0]
+    log0 = (stack.log_dir / "worker-0.log").read_text()
+    dead, alive = (first, second) if f"nf.train[{victim}]" in log0 else (second, first)
+    os.killpg(dead.pid, signal.SIGKILL)
+    dead.wait()
+    stack.client.post(f"/v1/jobs/{busy[1]}/cancel")  # frees the surviving worker
+
+    # A folder an API left mid-upload, untouched for longer than STALE_UPLOAD_S, and a fresh one.
+    old, fresh = (
+        stack.data_dir / "jobs" / str(uuid.uuid4()),
+        stack.data_dir / "jobs" / str(uuid.uuid4()),
+    )
+    for folder in (old, fresh):
+        (folder / "upload").mkdir(parents=True)
+        (folder / "upload" / "photo.png").write_bytes(b"x" * 100)
+    past = time.time() - 60
+    for p in (old / "upload" / "photo.png", old / "upload", old):
+        os.utime(p, (past, past))
+
+    t0 = time.monotonic()
+    assert stack.wait_status(lost, "succeeded", "failed", timeout=60)["status"] == "succeeded"
+    _wait(lambda: _starts(stack, victim) >= 2, 60, "the dead worker's job restarting", stack)
+    took = time.monotonic() - t0
+    assert took < 60
+    assert alive.poll() is None
+    assert not old.exists() and fresh.exists()
+    stack.client.post(f"/v1/jobs/{victim}/cancel")
+    stack.wait_status(victim, "cancelled", timeout=60)
