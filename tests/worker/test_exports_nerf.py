@@ -58,7 +58,7 @@ def trained(stack):
     assert r.status_code == 202, r.text
     job = stack.wait_status(r.json()["id"], "succeeded", "failed", timeout=240)
     assert job["status"] == "succeeded", f"{job['error']}\n{stack.logs()}"
-    return {**job, "photo_color": fg.mean(0)}
+    return {**job, "photo_color": fg.mean(0), "zip": buf.getvalue()}
 
 
 def export(stack, job_id: str, body: dict, timeout: float = 120) -> tuple[dict, bytes]:
@@ -156,6 +156,17 @@ def test_bad_requests(stack, trained):
         assert r.status_code == 422, (body, r.text)
         assert isinstance(r.json()["detail"], str) and word in r.json()["detail"], (body, r.text)
     assert stack.client.get(url).json()["items"] == before  # nothing was started
+
+    # a job still training has nothing to export yet
+    r = stack.submit(
+        trained["zip"], "scene.zip", "nerf", {**CONFIG, "steps": 100_000}, "application/zip"
+    )
+    assert r.status_code == 202, r.text
+    busy = r.json()["id"]
+    r = stack.client.post(f"/v1/jobs/{busy}/exports", json={"format": "glb"})
+    assert r.status_code == 409 and "exports need a succeeded job" in r.json()["detail"]
+    stack.client.post(f"/v1/jobs/{busy}/cancel")
+    stack.wait_status(busy, "cancelled")
 
     missing = "00000000-0000-4000-8000-000000000000"
     assert (
