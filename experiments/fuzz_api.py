@@ -132,26 +132,17 @@ def fuzz(
 
 def _own_stack(tmp: Path):
     """API + worker subprocesses on loopback (tests/support/stack.py), one trained image job."""
-    import os
 
-    from tests.support.stack import TEST_KEY, Stack, free_port
+    from tests.support.stack import new_stack
 
-    data, logs = tmp / "data", tmp / "logs"
-    data.mkdir()
-    logs.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    env.update(
-        {
-            "DATA_DIR": str(data),
-            "TORCH_THREADS": "1",
-            "PYTHONUNBUFFERED": "1",
-            "BROKER_POLLING_INTERVAL_S": "0.1",
-            "API_KEYS": f"fuzz:{TEST_KEY}",
+    stack = new_stack(
+        tmp,
+        queues=None,
+        redis_db=None,
+        env={
             **FUZZ_ENV,
-        }
+        },
     )
-    stack = Stack(data_dir=data, log_dir=logs, env=env, port=free_port())
-    stack.start_api()
     return stack, seed_job(stack)
 
 

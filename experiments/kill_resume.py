@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _children(pid: int) -> list[int]:
@@ -81,36 +81,25 @@ def run(
     out=print,
 ) -> dict:
     sys.path.insert(0, str(REPO))
-    from tests.support.stack import TEST_KEY, Stack, free_port, png_bytes, redis_url_or_skip
+    from tests.support.stack import new_stack, png_bytes
 
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="nf-kill-") as tmp:
-        data, logs = Path(tmp) / "data", Path(tmp) / "logs"
-        data.mkdir()
-        logs.mkdir()
-        env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-        env.update(
-            {
-                "DATA_DIR": str(data),
-                "TORCH_THREADS": "1",
-                "PYTHONUNBUFFERED": "1",
-                "BROKER_POLLING_INTERVAL_S": "0.1",
-                "API_KEYS": f"kill:{TEST_KEY}",
+        stack = new_stack(
+            Path(tmp),
+            queues=None,
+            redis_db=redis_db,
+            env={
                 "CHECKPOINT_INTERVAL_S": str(interval_s),
                 # Every kill here is a lost worker on purpose: do not let the job fail for it.
                 "MAX_WORKER_LOSSES": "1000",
-                "QUOTA_ACTIVE_JOBS": "1000",
                 "PROGRESS_INTERVAL_S": "0.2",
                 # Redis would only redeliver after this; the requeue on start-up is what we test.
                 "VISIBILITY_TIMEOUT_S": "3600",
-            }
+            },
         )
-        if redis_db is not None:
-            env["REDIS_URL"] = redis_url_or_skip(redis_db)
-        stack = Stack(data_dir=data, log_dir=logs, env=env, port=free_port())
         rows = []
         try:
-            stack.start_api()
             worker = stack.start_worker("train")
             r = stack.submit(png_bytes(64, 48), config={"steps": steps, "resolution": resolution})
             r.raise_for_status()

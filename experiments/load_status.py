@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -35,31 +35,21 @@ def pct(values: list[float], q: float) -> float:
 
 def run(clients: int, seconds: float, render_every: int, out=print) -> dict:
     sys.path.insert(0, str(REPO))
-    import os
 
-    from tests.support.stack import TEST_KEY, Stack, free_port, png_bytes
+    from tests.support.stack import new_stack, png_bytes
 
     with tempfile.TemporaryDirectory(prefix="nf-load-") as tmp:
-        data, logs = Path(tmp) / "data", Path(tmp) / "logs"
-        data.mkdir()
-        logs.mkdir()
-        env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-        env.update(
-            {
-                "DATA_DIR": str(data),
-                "TORCH_THREADS": "1",
-                "PYTHONUNBUFFERED": "1",
+        stack = new_stack(
+            Path(tmp),
+            queues=None,
+            redis_db=None,
+            env={
                 "BROKER_POLLING_INTERVAL_S": "0.05",
-                "API_KEYS": f"load:{TEST_KEY}",
                 "RENDER_PIXELS_PER_MIN": "1e12",
                 "RENDER_PIXEL_BURST": "1e12",
-                "QUOTA_ACTIVE_JOBS": "1000",
-                "QUOTA_JOBS_PER_HOUR": "100000",
-            }
+            },
         )
-        stack = Stack(data_dir=data, log_dir=logs, env=env, port=free_port())
         try:
-            stack.start_api()
             stack.start_worker("train")
             stack.start_worker("render")
             done_job = stack.submit(

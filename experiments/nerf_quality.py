@@ -17,10 +17,6 @@ import io
 import json
 import math
 import os
-import secrets
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +30,6 @@ from PIL import Image
 
 from experiments.synthetic_scene import FOV_X_DEG, scene_files
 
-REPO = Path(__file__).resolve().parents[2]
 # CPU settings: a 64^3 occupancy grid and ~256 steps across the box are plenty for 100x100 views
 # (a pixel spans ~0.02 normalised units, a step 0.0135); the network is the issue's (16 levels,
 # F=2, 2^19, 64-wide MLPs).
@@ -46,109 +41,6 @@ CPU_CONFIG = {
     "checkpoint_every": 100000,
 }
 LEVELS = (15.0, 18.0, 20.0, 22.0, 24.0, 25.0, 26.0)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LocalStack:
-    """API + one worker (train and render queues) on a temp DATA_DIR with the filesystem broker."""
-
-    def __init__(self, root: Path, checkpoint_interval_s: float):
-        self.root = root
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.key = secrets.token_urlsafe(24)
-        env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-        env.update(
-            {
-                "DATA_DIR": str(root / "data"),
-                "TORCH_THREADS": "2",
-                "PYTHONUNBUFFERED": "1",
-                "CHECKPOINT_INTERVAL_S": str(checkpoint_interval_s),
-                "RENDER_TIMEOUT_S": "300",
-                "API_KEYS": f"quality:{self.key}",
-            }
-        )
-        self.env = env
-        self.procs: list[subprocess.Popen] = []
-
-    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        log = open(self.root / f"{name}.log", "ab")
-        p = subprocess.Popen(
-            cmd,
-            cwd=REPO,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        self.procs.append(p)
-        return p
-
-    def start(self) -> None:
-        api = self._spawn(
-            "api",
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "service.app:app",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "warning",
-            ],
-        )
-        self._spawn(
-            "worker",
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "worker.app",
-                "worker",
-                "-Q",
-                "train,render",
-                "-c",
-                "1",
-                "--without-gossip",
-                "--without-mingle",
-                "--loglevel",
-                "info",
-            ],
-        )
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if api.poll() is not None:
-                raise RuntimeError(f"API exited; see {self.root / 'api.log'}")
-            try:
-                if (
-                    httpx.get(self.url + "/readyz", timeout=2).status_code == 200
-                    and b" ready." in (self.root / "worker.log").read_bytes()
-                ):
-                    return
-            except (httpx.HTTPError, FileNotFoundError):
-                pass
-            time.sleep(0.3)
-        raise TimeoutError("stack not ready after 120 s")
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
 
 
 def _zip(files: dict[str, bytes]) -> bytes:
@@ -305,9 +197,15 @@ def main(argv=None) -> int:
     tmp = tempfile.TemporaryDirectory(prefix="nerf_quality_")
     url, key = a.url, a.key
     if url is None:
-        stack = LocalStack(Path(tmp.name), a.checkpoint_interval_s)
-        stack.start()
-        url, key = stack.url, stack.key
+        from tests.support.stack import TEST_KEY, new_stack
+
+        env = {
+            "TORCH_THREADS": "2",
+            "CHECKPOINT_INTERVAL_S": str(a.checkpoint_interval_s),
+            "RENDER_TIMEOUT_S": "300",
+        }
+        stack = new_stack(Path(tmp.name), env=env)
+        url, key = stack.base_url, TEST_KEY
         print(f"stack at {url} (logs in {tmp.name})")
     try:
         client = httpx.Client(

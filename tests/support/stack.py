@@ -257,6 +257,46 @@ class Stack:
         )
 
 
+def new_stack(
+    root: Path,
+    queues: str | None = "train,render",
+    redis_db: int | None = None,
+    env: dict | None = None,
+    concurrency: int = 1,
+) -> Stack:
+    """A started stack (API, plus a worker on `queues` unless None) with its DATA_DIR and logs
+    under `root`; the caller stops it. Tests use the fixtures; experiments call this directly."""
+    data_dir, log_dir = root / "data", root / "logs"
+    data_dir.mkdir(parents=True)
+    log_dir.mkdir()
+    full_env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    full_env.update(
+        {
+            "DATA_DIR": str(data_dir),
+            "TORCH_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            "BROKER_POLLING_INTERVAL_S": "0.1",
+            "API_KEYS": f"test:{TEST_KEY}",
+            # Test modules share one key and submit freely; quota tests set their own.
+            "QUOTA_ACTIVE_JOBS": "1000",
+            "QUOTA_JOBS_PER_HOUR": "100000",
+        }
+    )
+    full_env.pop("API_KEYS_FILE", None)
+    if redis_db is not None:
+        full_env["REDIS_URL"] = redis_url_or_skip(redis_db)
+    full_env.update(env or {})
+    stack = Stack(data_dir=data_dir, log_dir=log_dir, env=full_env, port=free_port())
+    try:
+        stack.start_api()
+        if queues:
+            stack.start_worker(queues, concurrency=concurrency)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
 @contextmanager
 def stack_maker(tmp_path_factory) -> Iterator:
     """Yields make(queues="train,render" | None, redis_db=None, env=None, concurrency=1) -> Stack;
@@ -269,32 +309,8 @@ def stack_maker(tmp_path_factory) -> Iterator:
         env: dict | None = None,
         concurrency: int = 1,
     ) -> Stack:
-        root = tmp_path_factory.mktemp("stack")
-        data_dir, log_dir = root / "data", root / "logs"
-        data_dir.mkdir()
-        log_dir.mkdir()
-        full_env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-        full_env.update(
-            {
-                "DATA_DIR": str(data_dir),
-                "TORCH_THREADS": "1",
-                "PYTHONUNBUFFERED": "1",
-                "BROKER_POLLING_INTERVAL_S": "0.1",
-                "API_KEYS": f"test:{TEST_KEY}",
-                # Test modules share one key and submit freely; quota tests set their own.
-                "QUOTA_ACTIVE_JOBS": "1000",
-                "QUOTA_JOBS_PER_HOUR": "100000",
-            }
-        )
-        full_env.pop("API_KEYS_FILE", None)
-        if redis_db is not None:
-            full_env["REDIS_URL"] = redis_url_or_skip(redis_db)
-        full_env.update(env or {})
-        stack = Stack(data_dir=data_dir, log_dir=log_dir, env=full_env, port=free_port())
+        stack = new_stack(tmp_path_factory.mktemp("stack"), queues, redis_db, env, concurrency)
         stacks.append(stack)
-        stack.start_api()
-        if queues:
-            stack.start_worker(queues, concurrency=concurrency)
         return stack
 
     try:
