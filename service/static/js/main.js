@@ -8,6 +8,7 @@ import { SplatViewer } from "./splat_viewer.js";
 import { makeViewer } from "./viewer.js";
 
 const $ = (id) => document.getElementById(id);
+const hasWebGL2 = () => !!document.createElement("canvas").getContext("webgl2");
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 const LIST_EVERY_MS = 2000;
 
@@ -149,8 +150,9 @@ async function onFinished(id) {
   refreshList();
   if (job.status === "succeeded") {
     if (!detail.viewer) {
-      // splat jobs are drawn in the browser from their .splat export; other kinds by the server
-      detail.viewer = job.kind === "splat" ? new SplatViewer($("viewer"), job) : makeViewer($("viewer"), job);
+      // splat jobs are drawn in the browser from their .splat export (server renders where the
+      // browser has no WebGL2); other kinds by the server
+      detail.viewer = job.kind === "splat" && hasWebGL2() ? new SplatViewer($("viewer"), job) : makeViewer($("viewer"), job);
     }
     if (!detail.exports && job.kind !== "image") detail.exports = new ExportPanel($("exports"), job);
     offerCheckpoint(job);

@@ -13,7 +13,6 @@ import { el } from "./dom.js";
 import { datasetSize, fitSize, initialOrbit, UPS } from "./viewer.js";
 
 export const BYTES_PER_SPLAT = 32;
-const ROW = 1024; // splats per texture row (3 texels each)
 const MAX_SIDE = 512;
 
 // ---- the file ------------------------------------------------------------------------
@@ -82,7 +81,8 @@ function viewMatrix(c2w) {
 
 // ---- WebGL2 --------------------------------------------------------------------------
 
-const VERTEX = `#version 300 es
+// `row`: splats per texture row (3 texels each), as many as the device's texture width allows
+const vertexShader = (row) => `#version 300 es
 precision highp float;
 precision highp int;
 uniform highp usampler2D u_data;
@@ -97,7 +97,7 @@ out vec2 v_d;
 void main() {
   gl_Position = vec4(2.0, 2.0, 2.0, 1.0);  // culled unless set below
   int i = int(a_index);
-  ivec2 base = ivec2((i % ${ROW}) * 3, i / ${ROW});
+  ivec2 base = ivec2((i % ${row}) * 3, i / ${row});
   uvec4 t0 = texelFetch(u_data, base, 0);
   uvec4 t1 = texelFetch(u_data, base + ivec2(1, 0), 0);
   uvec4 t2 = texelFetch(u_data, base + ivec2(2, 0), 0);
@@ -157,8 +157,10 @@ export class SplatRenderer {
     if (!gl) throw new Error("this browser has no WebGL2");
     this.gl = gl;
     this.canvas = canvas;
+    this.maxTexture = gl.getParameter(gl.MAX_TEXTURE_SIZE);
+    this.row = Math.floor(this.maxTexture / 3);
     const prog = gl.createProgram();
-    gl.attachShader(prog, compile(gl, gl.VERTEX_SHADER, VERTEX));
+    gl.attachShader(prog, compile(gl, gl.VERTEX_SHADER, vertexShader(this.row)));
     gl.attachShader(prog, compile(gl, gl.FRAGMENT_SHADER, FRAGMENT));
     gl.linkProgram(prog);
     if (!gl.getProgramParameter(prog, gl.LINK_STATUS)) throw new Error(gl.getProgramInfoLog(prog));
@@ -185,8 +187,10 @@ export class SplatRenderer {
 
   setData({ n, pos, cov, rgba }) {
     const gl = this.gl;
-    const rows = Math.max(1, Math.ceil(n / ROW));
-    const texels = new Uint32Array(ROW * 3 * rows * 4);
+    const row = this.row;
+    const rows = Math.max(1, Math.ceil(n / row));
+    if (rows > this.maxTexture) throw new Error(`${n} Gaussians do not fit this device's textures`);
+    const texels = new Uint32Array(row * 3 * rows * 4);
     const fbits = new Uint32Array(pos.buffer), cbits = new Uint32Array(cov.buffer);
     for (let i = 0; i < n; i++) {
       const o = 12 * i; // 3 texels x 4 channels; texel order matches the shader's base + k
@@ -195,7 +199,7 @@ export class SplatRenderer {
       for (let k = 0; k < 6; k++) texels[o + 4 + k] = cbits[6 * i + k];
     }
     gl.bindTexture(gl.TEXTURE_2D, this.tex);
-    gl.texImage2D(gl.TEXTURE_2D, 0, gl.RGBA32UI, ROW * 3, rows, 0, gl.RGBA_INTEGER, gl.UNSIGNED_INT, texels);
+    gl.texImage2D(gl.TEXTURE_2D, 0, gl.RGBA32UI, row * 3, rows, 0, gl.RGBA_INTEGER, gl.UNSIGNED_INT, texels);
     gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_MIN_FILTER, gl.NEAREST);
     gl.texParameteri(gl.TEXTURE_2D, gl.TEXTURE_MAG_FILTER, gl.NEAREST);
     this.n = n;
