@@ -6,6 +6,7 @@ from __future__ import annotations
 import abc
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -59,6 +60,50 @@ class JobPaths:
     @property
     def exports(self) -> Path:
         return self.root / "exports"
+
+
+# -- the checkpoint file layout (`<job>/checkpoints/`) ----------------------------------------
+# step-<n>.safetensors (tensors) + step-<n>.json (meta, written first: tensors without meta are
+# incomplete), and `latest`, a text file holding the newest step, switched by rename. The worker
+# writes and loads them (worker/checkpoints.py); the API streams them (routes/artifacts.py).
+CHECKPOINT_RE = re.compile(r"^step-(\d+)\.safetensors$")
+LATEST_NAME = "latest"
+
+
+def checkpoint_tensors(folder: Path, step: int) -> Path:
+    return Path(folder) / f"step-{step}.safetensors"
+
+
+def checkpoint_meta(folder: Path, step: int) -> Path:
+    return Path(folder) / f"step-{step}.json"
+
+
+def checkpoint_steps(folder: Path) -> list[int]:
+    """Steps with a tensor file in `folder`, newest first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(
+        (int(m.group(1)) for p in folder.iterdir() if (m := CHECKPOINT_RE.match(p.name))),
+        reverse=True,
+    )
+
+
+def latest_checkpoint_step(folder: Path) -> int | None:
+    """The step `latest` names; without a readable pointer, the newest step on disk."""
+    try:
+        return int((Path(folder) / LATEST_NAME).read_text().strip())
+    except (OSError, ValueError):
+        steps = checkpoint_steps(folder)
+        return steps[0] if steps else None
+
+
+def checkpoint_order(folder: Path) -> list[int]:
+    """Steps to try, best first: the `latest` one, then the others newest first (a torn newest
+    file falls back to the one before)."""
+    steps = checkpoint_steps(folder)
+    first = latest_checkpoint_step(folder)
+    return ([first] if first in steps else []) + [s for s in steps if s != first]
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

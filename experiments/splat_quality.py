@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     from experiments.synthetic_scene import make_scene
     from service.intake.splat import validate_upload
     from worker.jobs.splat import evaluate
-    from worker.nerf.data import Dataset, read_meta
+    from worker.scene.dataset import Dataset, read_meta
     from worker.splat.trainer import SplatTrainer
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,11 +1,11 @@
-"""Training checkpoints: step-<n>.safetensors + step-<n>.json, written atomically, with a
-`latest` pointer switched by rename. Loading skips unreadable files and falls back to older ones."""
+"""Training checkpoints in the layout of core.storage (step-<n>.safetensors + step-<n>.json and
+a `latest` pointer), written atomically. Loading skips unreadable files and falls back to older
+ones."""
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,10 +14,18 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save
 
-from core.storage import atomic_write_bytes, atomic_write_json
+from core.storage import (
+    LATEST_NAME,
+    atomic_write_bytes,
+    atomic_write_json,
+    checkpoint_meta,
+    checkpoint_order,
+    checkpoint_steps,
+    checkpoint_tensors,
+    latest_checkpoint_step,
+)
 
 log = logging.getLogger(__name__)
-STEP_RE = re.compile(r"^step-(\d+)\.safetensors$")
 
 
 @dataclass
@@ -47,47 +55,36 @@ class CheckpointManager:
     ) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         blob = save({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()})
-        path = self.dir / f"step-{step}.safetensors"
+        path = checkpoint_tensors(self.dir, step)
         # Meta first: a tensor file whose meta is missing is treated as incomplete.
-        atomic_write_json(self.dir / f"step-{step}.json", {"step": step, **(meta or {})})
+        atomic_write_json(checkpoint_meta(self.dir, step), {"step": step, **(meta or {})})
         atomic_write_bytes(path, blob)
-        atomic_write_bytes(self.dir / "latest", str(step).encode())
+        atomic_write_bytes(self.dir / LATEST_NAME, str(step).encode())
         self._last_save = time.monotonic()
         self._prune()
         return path
 
     def _prune(self) -> None:
         for step in self.steps()[self.keep :]:
-            for suffix in (".safetensors", ".json"):
-                (self.dir / f"step-{step}{suffix}").unlink(missing_ok=True)
+            checkpoint_tensors(self.dir, step).unlink(missing_ok=True)
+            checkpoint_meta(self.dir, step).unlink(missing_ok=True)
 
     # -- reading -----------------------------------------------------------------------
     def steps(self) -> list[int]:
         """Steps on disk, newest first."""
-        if not self.dir.is_dir():
-            return []
-        return sorted(
-            (int(m.group(1)) for p in self.dir.iterdir() if (m := STEP_RE.match(p.name))),
-            reverse=True,
-        )
+        return checkpoint_steps(self.dir)
 
     def latest_step(self) -> int | None:
-        try:
-            return int((self.dir / "latest").read_text().strip())
-        except (FileNotFoundError, ValueError):
-            steps = self.steps()
-            return steps[0] if steps else None
+        return latest_checkpoint_step(self.dir)
 
     def load(self, step: int) -> Checkpoint:
-        path = self.dir / f"step-{step}.safetensors"
-        meta = json.loads((self.dir / f"step-{step}.json").read_text())
+        path = checkpoint_tensors(self.dir, step)
+        meta = json.loads(checkpoint_meta(self.dir, step).read_text())
         return Checkpoint(step=step, tensors=load_file(str(path)), meta=meta, path=path)
 
     def load_latest(self) -> Checkpoint | None:
         """Newest readable checkpoint: the `latest` one first, then older steps."""
-        first = self.latest_step()
-        order = ([first] if first is not None else []) + [s for s in self.steps() if s != first]
-        for step in order:
+        for step in checkpoint_order(self.dir):
             try:
                 return self.load(step)
             except Exception as exc:  # truncated/corrupt file: fall back to the previous one

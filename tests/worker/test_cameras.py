@@ -1,4 +1,5 @@
-"""Camera math (worker/cameras.py), request camera schemas, and the dataset loader."""
+"""Camera math (worker/scene/cameras.py), request cameras (worker/scene/requests.py) and their
+schemas, and the dataset loader (worker/scene/dataset.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from api_schemas.camera import Camera, Orbit
 from core.settings import Settings
 from experiments import synthetic_scene as S
 from service.intake.nerf import validate_upload
-from worker import cameras as C
-from worker.datasets import load_dataset
+from worker.scene import cameras as C
+from worker.scene import requests as R
+from worker.scene.dataset import Dataset, composite_background
 
 RNG = np.random.default_rng(7)
 
@@ -187,77 +189,76 @@ def dataset(tmp_path_factory):
 
 
 def test_resolve_request_camera_against_a_dataset(dataset):
-    ds = load_dataset(dataset, "test")
+    ds = Dataset(dataset, "test")
     meta = ds.meta
     world = C.denormalize_pose(ds.c2w[0].double(), ds.normalization)
     cam = Camera.model_validate({"c2w": world.tolist(), "width": 24, "height": 24}).model_dump()
-    rc = C.resolve_camera(cam, meta)
+    rc = R.resolve_camera(cam, meta)
     assert torch.allclose(rc.c2w, ds.c2w[0].double(), atol=1e-5)
-    assert rc.fx == pytest.approx(ds.frames[0]["fx"])  # default: the dataset's fov
+    assert rc.fx == pytest.approx(ds.frames[0].fx)  # default: the dataset's fov
     eye = world[:3, 3].tolist()
-    la = C.resolve_camera(
+    la = R.resolve_camera(
         {"look_at": {"eye": eye, "target": [0, 0, 0]}, "fov_x_deg": 90, "width": 10, "height": 6},
         meta,
     )
     assert la.fx == pytest.approx(5.0) and (la.cx, la.cy) == (5.0, 3.0)
     assert torch.allclose(la.c2w[:3, 3], C.normalize_points(eye, ds.normalization), atol=1e-9)
-    path = C.orbit_cameras({"radius": 3.0, "n_frames": 4}, {"fov_y_deg": 60}, 8, 8, meta)
+    path = R.orbit_cameras({"radius": 3.0, "n_frames": 4}, {"fov_y_deg": 60}, 8, 8, meta)
     assert len(path) == 4 and path[0].fy == pytest.approx(C.focal_from_fov(60, 8))
 
 
 def test_dataset_rays_reproduce_the_ground_truth(dataset):
     """Intake + normalisation + rays: tracing the exact scene along a dataset's rays gives its photo."""
-    ds = load_dataset(dataset, "train")
-    assert ds.n_images == 10 and ds.rgba.shape == (10 * 24 * 24, 4) and ds.has_alpha
+    ds = Dataset(dataset, "train")
+    assert len(ds) == 10 and ds.pixels.shape == (10 * 24 * 24, 4) and ds.has_alpha
     s, off = ds.normalization["scale"], np.array(ds.normalization["offset"])
     for k in (0, 4):
-        o, d = ds.rays(k)
+        o, d = ds.frame_rays(k)
         rgb, a, _ = S.trace(S.default_scene(), o.double().numpy() / s + off, d.double().numpy())
-        img = ds.image_rgba(k).reshape(-1, 4).numpy()
+        img = ds.frame_rgba(k).reshape(-1, 4).numpy()
         assert np.abs(img[:, 3] - a).max() < 1e-6
         hit = a > 0
         assert hit.sum() > 20
         assert np.abs(img[hit, :3] - rgb[hit]).max() <= 0.5 / 255 + 1e-6
 
 
-def test_sampled_batches_composite_on_their_background(dataset):
-    ds = load_dataset(dataset, ("train", "test"))
+def test_sampled_rays_are_the_rays_of_their_pixels(dataset):
+    ds = Dataset(dataset, ("train", "test"))
+    assert len(ds) == 13
     g = torch.Generator().manual_seed(0)
-    b = ds.sample(4000, g, background="random")
-    rgba = ds.rgba[b.pixel_index]
-    assert torch.allclose(b.rgb, rgba[:, :3] * rgba[:, 3:] + b.background * (1 - rgba[:, 3:]))
-    assert b.background.std() > 0.1  # random, per ray
-    empty = b.alpha == 0
-    assert empty.any() and torch.allclose(b.rgb[empty], b.background[empty])
-    # The sampled rays are the image rays of the pixels they came from.
+    idx = torch.randint(0, ds.n_pixels, (4000,), generator=g)
+    o, d, rgba = ds.rays_of(idx)
+    img = torch.searchsorted(ds.starts, idx, right=True) - 1
+    assert set(img.tolist()) == set(range(len(ds)))
     for n in range(0, 4000, 997):
-        k, p = int(b.image_index[n]), int(b.pixel_index[n] - ds.offsets[b.image_index[n]])
-        o, d = ds.rays(k)
-        assert torch.allclose(b.dirs[n], d[p], atol=1e-6) and torch.allclose(b.origins[n], o[p])
-    white = ds.sample(500, g, background="white")
-    assert torch.allclose(white.rgb[white.alpha == 0], torch.ones(1))
-    img = ds.image(0, background="black")
-    assert torch.allclose(img, ds.image_rgba(0)[..., :3] * ds.image_rgba(0)[..., 3:])
-    assert set(b.image_index.tolist()) == set(range(ds.n_images))
+        k, p = int(img[n]), int(idx[n] - ds.starts[img[n]])
+        fo, fd = ds.frame_rays(k)
+        assert torch.allclose(d[n], fd[p], atol=1e-6) and torch.allclose(o[n], fo[p])
+        assert torch.equal(rgba[n], ds.frame_rgba(k).reshape(-1, 4)[p])
+    black = composite_background(rgba, torch.zeros(3))
+    assert torch.allclose(black, rgba[:, :3] * rgba[:, 3:])
+    empty = rgba[:, 3] == 0
+    assert empty.any()
+    assert torch.allclose(composite_background(rgba, torch.ones(3))[empty], torch.ones(1))
 
 
 def test_wire_render_requests_resolve(dataset):
     """The API's request types (api_schemas.render), dumped as the worker gets them, resolve here."""
     from api_schemas.render import PathRequest, RenderRequest
 
-    ds = load_dataset(dataset, "test")
+    ds = Dataset(dataset, "test")
     world = C.denormalize_pose(ds.c2w[1].double(), ds.normalization)
     req = RenderRequest.model_validate(
         {"width": 24, "height": 24, "fov_x_deg": 45, "camera": {"c2w": world[:3].tolist()}}
     ).model_dump(exclude_none=True)
-    rc = C.resolve_request_camera(req, ds.meta)
+    rc = R.resolve_request_camera(req, ds.meta)
     assert torch.allclose(rc.c2w, ds.c2w[1].double(), atol=1e-5) and rc.fx == pytest.approx(
         C.focal_from_fov(45, 24)
     )
     path = PathRequest.model_validate(
         {"width": 16, "height": 12, "orbit": {"radius": 3.0, "n_frames": 5, "up": [0, 0, 1]}}
     ).model_dump(exclude_none=True)
-    cams = C.path_cameras(path, ds.meta)
+    cams = R.path_cameras(path, ds.meta)
     assert len(cams) == 5 and all((c.width, c.height) == (16, 12) for c in cams)
     eyes = torch.stack([c.c2w[:3, 3] for c in cams]) / ds.normalization["scale"]
     assert torch.allclose(eyes.norm(dim=1), torch.full((5,), 3.0, dtype=torch.float64), atol=1e-6)
@@ -271,4 +272,4 @@ def test_wire_render_requests_resolve(dataset):
             ],
         }
     ).model_dump(exclude_none=True)
-    assert len(C.path_cameras(poses, ds.meta)) == 2
+    assert len(R.path_cameras(poses, ds.meta)) == 2

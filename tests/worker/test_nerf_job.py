@@ -7,16 +7,22 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import struct
 import zipfile
 
 import numpy as np
 import pytest
-from PIL import Image
 
-from experiments.synthetic_scene import FOV_X_DEG, scene_files
+from experiments.synthetic_scene import FOV_X_DEG
 from experiments.synthetic_scene import render as gt_render
+from tests.support.scenes import (
+    background_baseline,
+    decode,
+    on_white,
+    psnr,
+    scene_upload,
+    train_scene,
+)
 
 SIZE, N_TRAIN, N_TEST = 40, 24, 4
 CONFIG = {
@@ -33,51 +39,14 @@ CONFIG = {
 }
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    return -10 * math.log10(
-        max(float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)), 1e-12)
-    )
-
-
-def on_white(rgba: np.ndarray) -> np.ndarray:
-    return rgba[..., :3] * rgba[..., 3:4] + (1 - rgba[..., 3:4])
-
-
-def decode(data: bytes) -> Image.Image:
-    im = Image.open(io.BytesIO(data))
-    im.load()
-    return im
-
-
 @pytest.fixture(scope="module")
 def scene():
-    files = scene_files(SIZE, N_TRAIN, N_TEST, seed=3)
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for name, data in files.items():
-            zf.writestr(name, data)
-    test = json.loads(files["transforms_test.json"])
-    gts = [
-        np.asarray(decode(files[f"test/r_{i}.png"]).convert("RGBA"), dtype=np.float64) / 255
-        for i in range(N_TEST)
-    ]
-    return {
-        "zip": buf.getvalue(),
-        "test_c2w": [f["transform_matrix"] for f in test["frames"]],
-        "test_rgba": gts,
-    }
+    return scene_upload(SIZE, N_TRAIN, N_TEST)
 
 
 @pytest.fixture(scope="module")
 def trained(fs_stack, scene):
-    r = fs_stack.submit(
-        scene["zip"], "scene.zip", kind="nerf", config=CONFIG, content_type="application/zip"
-    )
-    assert r.status_code == 202, r.text
-    job_id = r.json()["id"]
-    job = fs_stack.wait_status(job_id, "succeeded", "failed", timeout=240)
-    assert job["status"] == "succeeded", f"{job['error']}\n{fs_stack.logs()}"
-    return {"id": job_id, "job": job}
+    return train_scene(fs_stack, scene, "nerf", CONFIG)
 
 
 def render(stack, job_id, body):
@@ -87,9 +56,7 @@ def render(stack, job_id, body):
 def test_training_beats_the_background_baseline(fs_stack, trained, scene):
     job = trained["job"]
     # The floor: predicting only the (white) background for every held-out pixel.
-    baseline = float(
-        np.mean([psnr(np.ones_like(on_white(g)), on_white(g)) for g in scene["test_rgba"]])
-    )
+    baseline = background_baseline(scene)
     m = job["metrics"]
     assert m["test_psnr"] > baseline + 8, (m, baseline)
     assert m["background_psnr"] == pytest.approx(baseline, abs=0.2)
@@ -122,9 +89,7 @@ def test_render_of_a_test_pose_matches_the_held_out_photo(fs_stack, trained, sce
         img = np.asarray(decode(r.content).convert("RGB"), dtype=np.float64) / 255
         first = img if first is None else first
         scores.append(psnr(img, on_white(gt)))
-    baseline = float(
-        np.mean([psnr(np.ones_like(on_white(g)), on_white(g)) for g in scene["test_rgba"]])
-    )
+    baseline = background_baseline(scene)
     assert np.mean(scores) > max(18.0, baseline + 8), (scores, baseline)
     # The API's renders of the world-frame poses reproduce the worker's own test evaluation.
     assert np.mean(scores) == pytest.approx(trained["job"]["metrics"]["test_psnr"], abs=1.0)
@@ -240,15 +205,17 @@ def test_bad_render_requests_are_4xx_with_detail(fs_stack, trained):
         assert isinstance(r.json()["detail"], str) and r.json()["detail"]
     r = fs_stack.client.post(
         f"/v1/jobs/{trained['id']}/render/path",
-        json={"width": 16, "height": 16, "format": "mp4", "orbit": {"radius": 3, "n_frames": 2}},
+        json={"width": 15, "height": 16, "format": "mp4", "orbit": {"radius": 3, "n_frames": 2}},
     )
-    assert r.status_code == 422 and "mp4" in r.json()["detail"]
+    assert r.status_code == 422 and "even" in r.json()["detail"]
 
 
 def test_artifacts_are_listed_and_downloadable(fs_stack, trained):
     job_id = trained["id"]
     names = trained["job"]["metrics"]["artifacts"]
-    assert len(names) == CONFIG["n_test_renders"]
+    renders = [n for n in names if n.startswith("test_") and n.endswith(".png")]
+    assert len(renders) == CONFIG["n_test_renders"]
+    assert {"results.json", "test_renders.zip"} <= set(names)
     listed = fs_stack.client.get(f"/v1/jobs/{job_id}/artifacts").json()["items"]
     assert sorted(i["name"] for i in listed) == sorted(names)
     r = fs_stack.client.get(f"/v1/jobs/{job_id}/artifacts/{names[0]}")

@@ -9,8 +9,8 @@ from api_schemas.nerf import NerfConfig
 from experiments.synthetic_scene import make_scene
 from service.intake.nerf import validate_upload
 from worker.checkpoints import CheckpointManager
-from worker.nerf.data import Dataset, read_meta
 from worker.nerf.trainer import NerfTrainer
+from worker.scene.dataset import Dataset, read_meta
 
 CONFIG = dict(
     steps=12,

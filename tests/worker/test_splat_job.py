@@ -4,18 +4,22 @@ photos and the ray-traced truth, and the PLY / checkpoint downloads are read bac
 
 from __future__ import annotations
 
-import io
 import json
-import math
 import struct
-import zipfile
 
 import numpy as np
 import pytest
-from PIL import Image
 
-from experiments.synthetic_scene import FOV_X_DEG, scene_files
+from experiments.synthetic_scene import FOV_X_DEG
 from experiments.synthetic_scene import render as gt_render
+from tests.support.scenes import (
+    background_baseline,
+    decode,
+    on_white,
+    psnr,
+    scene_upload,
+    train_scene,
+)
 
 SIZE, N_TRAIN, N_TEST = 40, 24, 4
 CONFIG = {
@@ -29,57 +33,14 @@ CONFIG = {
 }
 
 
-def psnr(a, b) -> float:
-    return -10 * math.log10(
-        max(float(np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2)), 1e-12)
-    )
-
-
-def on_white(rgba):
-    return rgba[..., :3] * rgba[..., 3:4] + (1 - rgba[..., 3:4])
-
-
-def decode(data: bytes) -> Image.Image:
-    im = Image.open(io.BytesIO(data))
-    im.load()
-    return im
-
-
 @pytest.fixture(scope="module")
 def scene():
-    files = scene_files(SIZE, N_TRAIN, N_TEST, seed=3)
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for name, data in files.items():
-            zf.writestr(name, data)
-    test = json.loads(files["transforms_test.json"])
-    gts = [
-        np.asarray(decode(files[f"test/r_{i}.png"]).convert("RGBA"), dtype=np.float64) / 255
-        for i in range(N_TEST)
-    ]
-    return {
-        "zip": buf.getvalue(),
-        "test_c2w": [f["transform_matrix"] for f in test["frames"]],
-        "test_rgba": gts,
-    }
+    return scene_upload(SIZE, N_TRAIN, N_TEST)
 
 
 @pytest.fixture(scope="module")
 def trained(fs_stack, scene):
-    r = fs_stack.submit(
-        scene["zip"], "scene.zip", kind="splat", config=CONFIG, content_type="application/zip"
-    )
-    assert r.status_code == 202, r.text
-    job_id = r.json()["id"]
-    job = fs_stack.wait_status(job_id, "succeeded", "failed", timeout=240)
-    assert job["status"] == "succeeded", f"{job['error']}\n{fs_stack.logs()}"
-    return {"id": job_id, "job": job}
-
-
-def baseline(scene) -> float:
-    return float(
-        np.mean([psnr(np.ones_like(on_white(g)), on_white(g)) for g in scene["test_rgba"]])
-    )
+    return train_scene(fs_stack, scene, "splat", CONFIG)
 
 
 def test_bad_config_is_422_and_leaves_nothing(fs_stack, scene):
@@ -95,7 +56,7 @@ def test_bad_config_is_422_and_leaves_nothing(fs_stack, scene):
 
 def test_training_learns_the_scene(fs_stack, trained, scene):
     m = trained["job"]["metrics"]
-    assert m["test_psnr"] > baseline(scene) + 6, (m, baseline(scene))
+    assert m["test_psnr"] > background_baseline(scene) + 6, (m, background_baseline(scene))
     assert 0.5 < m["test_ssim"] <= 1
     assert m["steps"] == CONFIG["steps"]
     assert m["n_gaussians"] != CONFIG["n_init_points"]  # densification and pruning ran

@@ -15,7 +15,7 @@ from experiments.synthetic_scene import scene_files
 from service.intake import IntakeError
 from service.intake.splat import validate_upload
 from tests.service.test_nerf_intake import to_colmap, zip_bytes
-from worker.nerf.data import Dataset, read_meta
+from worker.scene.dataset import Dataset, read_meta
 from worker.splat import model as gm
 from worker.splat.ply import ply_bytes, read_ply
 from worker.splat.ssim import ssim

@@ -1,6 +1,6 @@
 """Job kinds on the worker side (`api_schemas.kinds` lists them; "image" -> worker.jobs.image,
-imported on first use), plus the
-objects the task layer hands to a kind module.
+imported on first use), plus the objects the task layer hands to a kind module. The scene kinds
+(nerf, splat) are thin subclasses of worker.jobs.scene.SceneJob.
 
 A kind module exposes:
   train(ctx: JobContext) -> dict            final metrics; raise to fail the job

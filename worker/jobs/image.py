@@ -7,7 +7,6 @@ so it can be sampled on any grid: renders at 4x the training size are just dense
 from __future__ import annotations
 
 import io
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from PIL import Image, ImageOps
 from torch import nn
 
 from worker.jobs import RenderError, pick_device
+from worker.scene.metrics import psnr_from_mse
 
 RENDER_CHUNK = 1 << 16
 
@@ -84,10 +84,6 @@ def pixel_grid(width: int, height: int, device=None) -> torch.Tensor:
     ys = (torch.arange(height, device=device, dtype=torch.float32) + 0.5) / height * 2 - 1
     gy, gx = torch.meshgrid(ys, xs, indexing="ij")
     return torch.stack([gx, gy], dim=-1).reshape(-1, 2)
-
-
-def psnr_from_mse(mse: float) -> float:
-    return float("inf") if mse <= 0 else -10.0 * math.log10(mse)
 
 
 def training_size(width: int, height: int, resolution: int) -> tuple[int, int]:

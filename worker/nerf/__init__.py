@@ -1,6 +1,3 @@
-"""Instant-ngp-style radiance field for `kind=nerf`: model, data, rendering, training.
-
-Modules: `model` (hash grid -> density MLP -> colour MLP), `data` (cameras.json -> pixels and
-rays), `rendering` (march, cull, composite; chunked), `trainer` (one optimisation loop with
-checkpoint state), `evaluate` (test-split PSNR/SSIM), `encode` (PNG/JPEG/WebP/zip).
-"""
+"""Instant-ngp-style radiance field for `kind=nerf`: `model` (hash grid -> density MLP -> colour
+MLP), `rendering` (march, cull, composite; chunked), `trainer` (one optimisation loop with
+checkpoint state). Cameras, data, encodings and metrics are worker.scene's, shared with splat."""

@@ -11,15 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from kernels import OccupancyGrid
-from worker.nerf.data import Dataset, background_rgb, composite_background
 from worker.nerf.model import NerfField
 from worker.nerf.rendering import RenderStats, render_rays
+from worker.scene.dataset import Dataset, background_rgb, composite_background
+from worker.scene.metrics import psnr_from_mse as psnr
 
 MIN_RAYS = 64
-
-
-def psnr(mse: float) -> float:
-    return float("inf") if mse <= 0 else -10.0 * math.log10(mse)
 
 
 def aabb_half(meta: dict[str, Any], config: dict[str, Any]) -> float:

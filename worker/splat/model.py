@@ -14,6 +14,7 @@ import torch
 from kernels import splat
 from kernels.sh import sh_reference
 from kernels.splat_project import covariance_3d, project_gaussians
+from worker.scene.cameras import RenderCamera
 
 SH_C0 = 0.28209479177387814
 NAMES = ("means", "scales", "quats", "opacities", "sh_dc", "sh_rest")
@@ -57,17 +58,6 @@ def init_tensors(points: torch.Tensor, colors: torch.Tensor, degree: int, opacit
 
 
 @dataclass
-class Camera:
-    c2w: torch.Tensor  # (4, 4) normalised frame, OpenGL axes
-    fx: float
-    fy: float
-    cx: float
-    cy: float
-    width: int
-    height: int
-
-
-@dataclass
 class RenderOut:
     rgb: torch.Tensor  # (H, W, 3), background included
     alpha: torch.Tensor  # (H, W) = 1 - transmittance
@@ -94,7 +84,7 @@ def colors_of(
 
 def render(
     p: dict[str, torch.Tensor],
-    cam: Camera,
+    cam: RenderCamera,
     background: torch.Tensor,
     degree: int,
     method: str = "tiled",
@@ -131,7 +121,7 @@ def render(
 
 
 def render_depth(
-    p: dict[str, torch.Tensor], cam: Camera, out: RenderOut, method: str = "tiled"
+    p: dict[str, torch.Tensor], cam: RenderCamera, out: RenderOut, method: str = "tiled"
 ) -> torch.Tensor:
     """Expected depth along the view axis (alpha-weighted, divided by alpha; 0 where empty)."""
     z = out.depths.detach()[:, None].expand(-1, 3).contiguous()

@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from kernels.splat_project import quat_to_rotmat
-from worker.nerf.data import Dataset, background_rgb, composite_background
+from worker.scene.cameras import RenderCamera
+from worker.scene.dataset import Dataset, background_rgb, composite_background
+from worker.scene.metrics import psnr_from_mse
 from worker.splat import model as gm
 from worker.splat.ssim import ssim
 
@@ -55,7 +57,7 @@ class TrainImages:
                 ].permute(1, 2, 0)
             sx, sy = w / f.w, h / f.h
             self.cams.append(
-                gm.Camera(
+                RenderCamera(
                     torch.tensor(f.c2w, dtype=torch.float32),
                     f.fx * sx,
                     f.fy * sy,
@@ -71,7 +73,7 @@ class TrainImages:
         return len(self.cams)
 
 
-def scene_extent(cams: list[gm.Camera]) -> float:
+def scene_extent(cams: list[RenderCamera]) -> float:
     """3DGS's radius: 1.1 x the largest camera distance from the cameras' mean centre."""
     c = torch.stack([cam.c2w[:3, 3] for cam in cams])
     return float(1.1 * (c - c.mean(0)).norm(dim=-1).max().clamp(min=1e-3))
@@ -252,7 +254,7 @@ class SplatTrainer:
         self.train_s += time.perf_counter() - t0
         return {
             "loss": float(loss.detach()),
-            "psnr": -10 * math.log10(max(mse, 1e-10)),
+            "psnr": psnr_from_mse(mse),
             "n_gaussians": self.n,
             "seconds": time.perf_counter() - t0,
         }

@@ -19,13 +19,12 @@ from pathlib import Path
 from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import FileResponse, StreamingResponse
 
-from core.storage import LocalStorage
+from core.storage import LocalStorage, checkpoint_meta, checkpoint_order, checkpoint_tensors
 from core.store import JobStore
 from service.api.deps import JOB_GUARDS, get_storage, get_store, load_job
 
 router = APIRouter(prefix="/v1/jobs", tags=["files"], dependencies=JOB_GUARDS)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-STEP_RE = re.compile(r"^step-(\d+)\.safetensors$")
 CHUNK = 1 << 20
 
 
@@ -79,21 +78,6 @@ def get_artifact(
     return FileResponse(path, media_type=media, filename=name)
 
 
-def _candidates(folder: Path) -> list[int]:
-    """Steps to offer, best first: the `latest` pointer, then the others newest first."""
-    if not folder.is_dir():
-        return []
-    steps = sorted(
-        (int(m.group(1)) for p in folder.iterdir() if (m := STEP_RE.match(p.name))), reverse=True
-    )
-    try:
-        first = int((folder / "latest").read_text().strip())
-    except (OSError, ValueError):
-        first = None
-    order = ([first] if first in steps else []) + [s for s in steps if s != first]
-    return [s for s in order if (folder / f"step-{s}.json").is_file()]
-
-
 def _with_metadata(tensors, meta_text: str) -> tuple[bytes, int]:
     """New safetensors header carrying the meta, and where the tensor bytes start in the old file."""
     head = tensors.read(8)
@@ -139,10 +123,10 @@ def get_checkpoint(
     opened = None
     # A torn or truncated file (crash mid-write, full disk) is skipped for the previous step, as
     # the worker's loader does. Open both now: training may prune a step while it streams.
-    for step in _candidates(folder):
+    for step in checkpoint_order(folder):
         try:
-            meta_text = (folder / f"step-{step}.json").read_text()
-            fh = open(folder / f"step-{step}.safetensors", "rb")
+            meta_text = checkpoint_meta(folder, step).read_text()
+            fh = open(checkpoint_tensors(folder, step), "rb")
         except OSError:
             continue
         try:

@@ -1,10 +1,10 @@
-"""Camera math for the NeRF worker (torch).
+"""Camera math shared by the scene kinds (torch).
 
 Conventions (docs/architecture.md): c2w is camera-to-world, OpenGL axes (x right, y up, the camera
 looks down -z); pixel (i, j) has its centre at (i + 0.5, j + 0.5), j counting rows from the top;
 distortion is OpenCV's (k1, k2, k3, p1, p2) on normalised coordinates with y pointing down.
 Poses in requests are in the dataset's world frame; `normalize_pose` maps them into the frame the
-field was trained in, with the `normalization` stored in dataset/cameras.json.
+scene was trained in, with the `normalization` stored in dataset/cameras.json.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -204,14 +203,12 @@ def project_points(points: Tensorish, c2w: Tensorish, fx: float, fy: float, cx: 
     return torch.stack([u, v], -1), z
 
 
-# --------------------------------------------------------------------------- render requests
-
-
 @dataclass
 class RenderCamera:
-    """A request camera resolved against a dataset: pose in the normalised (training) frame."""
+    """A pinhole camera in the normalised (training) frame: what renderers and the splat
+    rasteriser take."""
 
-    c2w: torch.Tensor  # (4, 4) float64, normalised frame
+    c2w: torch.Tensor  # (4, 4), normalised frame, OpenGL axes
     fx: float
     fy: float
     cx: float
@@ -223,76 +220,3 @@ class RenderCamera:
         return image_rays(
             self.c2w, self.fx, self.fy, self.cx, self.cy, self.width, self.height, device=device
         )
-
-
-def default_fov_x_deg(meta: dict) -> float:
-    """The median horizontal fov of the training cameras, for requests that give no intrinsics."""
-    fovs = sorted(
-        fov_from_focal(f["fx"], f["w"]) for f in meta["frames"] if f.get("split") == "train"
-    )
-    return fovs[len(fovs) // 2] if fovs else 50.0
-
-
-def resolve_intrinsics(cam: dict[str, Any], width: int, height: int, meta: dict | None = None):
-    """(fx, fy, cx, cy) from a request's fov_x_deg | fov_y_deg | fx/fy/cx/cy (api_schemas.camera.Intrinsics)."""
-    if cam.get("fx") is not None or cam.get("fy") is not None:
-        fx = cam.get("fx") if cam.get("fx") is not None else cam["fy"]
-        fy = cam.get("fy") if cam.get("fy") is not None else fx
-    elif cam.get("fov_y_deg") is not None:
-        fx = fy = focal_from_fov(cam["fov_y_deg"], height)
-    else:
-        fov = cam.get("fov_x_deg") or (default_fov_x_deg(meta) if meta else 50.0)
-        fx = fy = focal_from_fov(fov, width)
-    cx = cam.get("cx") if cam.get("cx") is not None else width / 2
-    cy = cam.get("cy") if cam.get("cy") is not None else height / 2
-    return float(fx), float(fy), float(cx), float(cy)
-
-
-def resolve_pose(cam: dict[str, Any], meta: dict) -> torch.Tensor:
-    """World-frame c2w of a request's c2w | look_at (up defaults to the dataset's world_up)."""
-    if cam.get("c2w") is not None:
-        return as_c2w(cam["c2w"])
-    la = cam["look_at"]
-    return look_at(la["eye"], la["target"], la.get("up") or meta.get("world_up") or (0.0, 0.0, 1.0))
-
-
-def resolve_camera(cam: dict[str, Any], meta: dict) -> RenderCamera:
-    """A request camera (api_schemas.camera.Camera as a dict) -> normalised pose + intrinsics."""
-    w, h = int(cam["width"]), int(cam["height"])
-    fx, fy, cx, cy = resolve_intrinsics(cam, w, h, meta)
-    c2w = normalize_pose(resolve_pose(cam, meta), meta["normalization"])
-    return RenderCamera(c2w, fx, fy, cx, cy, w, h)
-
-
-def resolve_request_camera(request: dict[str, Any], meta: dict) -> RenderCamera:
-    """An `api_schemas.render.RenderRequest` dict (pose under `camera`, intrinsics and size beside it)."""
-    return resolve_camera({**request, **(request.get("camera") or {})}, meta)
-
-
-def path_cameras(request: dict[str, Any], meta: dict) -> list[RenderCamera]:
-    """An `api_schemas.render.PathRequest` dict: `orbit`, or a list of poses under `cameras`/`poses`."""
-    w, h = int(request["width"]), int(request["height"])
-    if request.get("orbit"):
-        return orbit_cameras(request["orbit"], request, w, h, meta)
-    poses = request.get("cameras") or request.get("poses") or []
-    return [resolve_camera({**request, **p}, meta) for p in poses]
-
-
-def orbit_cameras(
-    orbit: dict[str, Any], intrinsics: dict[str, Any], width: int, height: int, meta: dict
-) -> list[RenderCamera]:
-    """api_schemas.camera.Orbit (world frame) -> normalised RenderCameras."""
-    up = orbit.get("up") or meta.get("world_up") or (0.0, 0.0, 1.0)
-    poses = orbit_poses(
-        orbit.get("center", (0, 0, 0)),
-        orbit["radius"],
-        orbit.get("elevation_deg", 20.0),
-        orbit.get("n_frames", 36),
-        up,
-        orbit.get("start_azimuth_deg", 0.0),
-    )
-    fx, fy, cx, cy = resolve_intrinsics(intrinsics, width, height, meta)
-    return [
-        RenderCamera(normalize_pose(p, meta["normalization"]), fx, fy, cx, cy, width, height)
-        for p in poses
-    ]

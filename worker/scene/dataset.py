@@ -1,13 +1,15 @@
-"""The dataset's normal form (`dataset/cameras.json` + images) for training.
+"""The dataset's normal form (`dataset/cameras.json` + images) for training and evaluation.
 
-Pixels of every image are packed into one uint8 array (a quarter of worker.datasets' float32
-copy, which matters for large captures), so a batch draws rays across all images (mixed sizes
-included) and builds them on the fly with worker.cameras' ray math: memory is the images only.
+Pixels of every image of a split are packed into one uint8 (P, 4) straight-alpha RGBA array (a
+quarter of a float32 copy, which matters for large captures), so a batch draws rays uniformly
+across all images (mixed sizes included) and builds them on the fly with worker.scene.cameras'
+ray math: memory is the images only. Photos without alpha get an opaque one.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,9 +18,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from core.scene_format import DISTORTION_KEYS
-from worker.cameras import image_rays, rays_from_pixels
-from worker.datasets import composite as composite_background  # noqa: F401  (re-exported)
+from core.scene_format import CAMERAS_FILE, DISTORTION_KEYS
+from worker.scene.cameras import image_rays, rays_from_pixels
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Frame:
     h: int
     split: str
     distortion: dict[str, float]
+    source: str | None = None  # the photo's name in the upload
 
 
 def _frame(d: dict[str, Any]) -> Frame:
@@ -50,11 +52,12 @@ def _frame(d: dict[str, Any]) -> Frame:
         int(d["h"]),
         d.get("split", "train"),
         dist,
+        d.get("source"),
     )
 
 
 def read_meta(dataset_dir: Path) -> dict[str, Any]:
-    return json.loads((Path(dataset_dir) / "cameras.json").read_text())
+    return json.loads((Path(dataset_dir) / CAMERAS_FILE).read_text())
 
 
 def load_image(path: Path) -> np.ndarray:
@@ -72,23 +75,35 @@ def background_rgb(spec: Any) -> tuple[float, float, float]:
     return (r, g, b)
 
 
-class Dataset:
-    """Frames of one split with their pixels; `sample(n)` draws random training rays."""
+def composite_background(rgba: torch.Tensor, background: torch.Tensor) -> torch.Tensor:
+    """Straight-alpha RGBA (..., 4) over a background (..., 3) -> RGB."""
+    a = rgba[..., 3:4]
+    return rgba[..., :3] * a + background * (1 - a)
 
-    def __init__(self, dataset_dir: Path, split: str = "train", meta: dict[str, Any] | None = None):
+
+class Dataset:
+    """Frames of one split (or several) with their pixels; `sample(n)` draws random training rays."""
+
+    def __init__(
+        self,
+        dataset_dir: Path,
+        split: str | Iterable[str] = "train",
+        meta: dict[str, Any] | None = None,
+    ):
         self.dir = Path(dataset_dir)
         self.meta = meta or read_meta(self.dir)
-        self.frames = [_frame(f) for f in self.meta["frames"] if f.get("split", "train") == split]
+        splits = {split} if isinstance(split, str) else set(split)
+        self.frames = [_frame(f) for f in self.meta["frames"] if f.get("split", "train") in splits]
         if not self.frames:
-            raise ValueError(f"the dataset has no {split!r} frames")
-        self.images = [load_image(self.dir / f.file) for f in self.frames]
-        for f, im in zip(self.frames, self.images):
+            raise ValueError(f"the dataset has no {'/'.join(sorted(splits))!r} frames")
+        images = [load_image(self.dir / f.file) for f in self.frames]
+        for f, im in zip(self.frames, images):
             if im.shape[:2] != (f.h, f.w):
                 raise ValueError(
                     f"{f.file} is {im.shape[1]}x{im.shape[0]}, cameras.json says {f.w}x{f.h}"
                 )
         self.has_alpha = bool(self.meta.get("has_alpha")) and any(
-            (im[..., 3] < 255).any() for im in self.images
+            (im[..., 3] < 255).any() for im in images
         )
         self.c2w = torch.tensor(np.stack([f.c2w for f in self.frames]), dtype=torch.float32)
         self.intrinsics = torch.tensor(
@@ -97,7 +112,7 @@ class Dataset:
         self.widths = torch.tensor([f.w for f in self.frames], dtype=torch.int64)
         counts = torch.tensor([f.w * f.h for f in self.frames], dtype=torch.int64)
         self.starts = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
-        self.pixels = torch.from_numpy(np.concatenate([im.reshape(-1, 4) for im in self.images]))
+        self.pixels = torch.from_numpy(np.concatenate([im.reshape(-1, 4) for im in images]))
         self.distortion = (
             torch.tensor(
                 [[f.distortion.get(k, 0.0) for k in DISTORTION_KEYS] for f in self.frames],
@@ -111,11 +126,16 @@ class Dataset:
         return len(self.frames)
 
     @property
+    def normalization(self) -> dict[str, Any]:
+        return self.meta["normalization"]
+
+    @property
     def n_pixels(self) -> int:
         return int(self.starts[-1])
 
     def rays_of(self, idx: torch.Tensor):
-        """Rays and straight-alpha RGBA targets (float) of global pixel indices."""
+        """Origins (n, 3), unit directions (n, 3) and straight-alpha RGBA targets (n, 4) float of
+        global pixel indices idx (n,) (through pixel centres)."""
         img = torch.searchsorted(self.starts, idx, right=True) - 1
         local = idx - self.starts[img]
         w = self.widths[img]
@@ -130,9 +150,12 @@ class Dataset:
         return self.rays_of(idx)
 
     def frame_rays(self, i: int):
+        """All rays of frame i, (H*W, 3) origins and unit directions, row-major like frame_rgba."""
         f = self.frames[i]
         dist = None if self.distortion is None else self.distortion[i]
         return image_rays(self.c2w[i], f.fx, f.fy, f.cx, f.cy, f.w, f.h, dist)
 
     def frame_rgba(self, i: int) -> torch.Tensor:
-        return torch.from_numpy(self.images[i].copy()).float() / 255.0
+        """(H, W, 4) float straight-alpha RGBA of frame i."""
+        f = self.frames[i]
+        return self.pixels[self.starts[i] : self.starts[i + 1]].reshape(f.h, f.w, 4).float() / 255.0

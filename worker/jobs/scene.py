@@ -1,0 +1,273 @@
+"""The job skeleton every scene kind (nerf, splat) shares: training with checkpoints and resume,
+the test-split evaluation and its artifacts, and rendering frames and camera paths from a
+checkpoint. A kind subclasses SceneJob with what differs: its trainer, how it renders one view,
+and what it builds from a checkpoint.
+
+Evaluation artifacts: `test_NNN.png` (the first `n_test_renders` views), `results.json` (every
+test view's name and scores, and the means) and `test_renders.zip` (every test view as
+`rgb/<name>.png` and `depth/<name>.png`, 16-bit millimetres of world distance).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import zipfile
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+import torch
+
+from core.storage import atomic_write_bytes
+from worker.jobs import RenderError, pick_device
+from worker.scene.cameras import RenderCamera, world_distance
+from worker.scene.dataset import Dataset, background_rgb, read_meta
+from worker.scene.encode import CONTENT_TYPES, depth_png16, encode_frames, encode_image, to_uint8
+from worker.scene.evaluate import ViewResult, evaluate
+from worker.scene.metrics import lpips_metric
+from worker.scene.requests import (
+    PATH_PIXEL_BUDGET_FRAMES,
+    clean_camera,
+    encode_output,
+    output_pixels,
+    path_cameras,
+    path_length,
+    resolve_request_camera,
+)
+
+log = logging.getLogger(__name__)
+RESULTS_NAME = "results.json"
+RENDERS_ZIP = "test_renders.zip"
+PATH_FORMATS = ("webp", "gif", "zip", "mp4")
+
+
+class SceneModel:
+    """What a render needs, built once per checkpoint and kept in `checkpoint.cache`."""
+
+    def __init__(self, checkpoint, device):
+        meta = checkpoint.meta
+        self.config = meta["config"]
+        self.device = device
+        self.normalization = meta["normalization"]
+        cam = meta["camera"]
+        # What request cameras resolve against: the normalisation, the dataset's up (look_at and
+        # orbit default) and a training camera (the default field of view).
+        self.camera_meta = {
+            "normalization": self.normalization,
+            "world_up": meta.get("world_up"),
+            "frames": [{"fx": cam["fx"], "w": cam["w"], "split": "train"}],
+        }
+        # nerfstudio camera paths may be in nerfstudio's frame, made from every dataset camera
+        self.camera_meta["dataset_dir"] = str(Path(checkpoint.path).parent.parent / "dataset")
+
+    def background(self, request: dict[str, Any]) -> torch.Tensor:
+        spec = request.get("background")
+        rgb = background_rgb(spec if spec is not None else self.config.get("background"))
+        return torch.tensor(rgb, device=self.device)
+
+
+class SceneJob:
+    kind = ""
+    model_class = SceneModel
+
+    # -- what a kind provides ------------------------------------------------------------------
+    def make_trainer(self, ctx, meta: dict[str, Any], data: Dataset):
+        raise NotImplementedError
+
+    def render_test_view(self, trainer, data: Dataset, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Frame i of `data` on the evaluation background: rgb (H, W, 3) and world depth (H, W)."""
+        raise NotImplementedError
+
+    def render_view(self, model, cam: RenderCamera, background: torch.Tensor, output: str):
+        """rgb (H, W, 3), depth (H, W) in the normalised frame (0 where empty; only needed when
+        output is depth), alpha (H, W), as numpy."""
+        raise NotImplementedError
+
+    def report(self, ctx, trainer, last: dict[str, float], force: bool = False) -> None:
+        ctx.progress.report(
+            trainer.step,
+            ctx.config["steps"],
+            loss=last.get("loss"),
+            psnr=last.get("psnr"),
+            force=force,
+        )
+
+    def after_step(self, trainer, test: Dataset) -> None:
+        """Hook after every training step (nerf measures its quality curve here)."""
+
+    def final_metrics(self, ctx, trainer, test: Dataset, metrics: dict[str, Any]) -> list[str]:
+        """Kind-specific metrics added to `metrics`; returns further artifact names written."""
+        return []
+
+    # -- training --------------------------------------------------------------------------------
+    def resume(self, ctx, trainer) -> None:
+        ckpt = ctx.checkpoints.load_latest()
+        if ckpt is None:
+            return
+        if ckpt.meta.get("kind") != self.kind or ckpt.meta.get("config") != ctx.config:
+            log.warning(
+                "job %s: checkpoint step %s does not match this config; starting over",
+                ctx.job.id,
+                ckpt.step,
+            )
+            return
+        trainer.load_state(ckpt.tensors, ckpt.meta)
+        log.info("job %s: resumed from checkpoint step %s", ctx.job.id, trainer.step)
+
+    def train(self, ctx) -> dict[str, Any]:
+        config = ctx.config
+        meta = read_meta(ctx.paths.dataset)
+        trainer = self.make_trainer(ctx, meta, Dataset(ctx.paths.dataset, "train", meta))
+        test = Dataset(ctx.paths.dataset, "test", meta)
+        self.resume(ctx, trainer)
+        steps, limit = config["steps"], config.get("time_limit_s")
+        ctx.progress.start_step = trainer.step
+        ctx.progress.report(trainer.step, steps, force=True)
+        last: dict[str, float] = {}
+        while trainer.step < steps and not (limit and trainer.train_s >= limit):
+            ctx.raise_if_cancelled()
+            last = trainer.train_step()
+            self.report(ctx, trainer, last)
+            self.after_step(trainer, test)
+            if trainer.step < steps and (
+                trainer.step % config["checkpoint_every"] == 0 or ctx.checkpoints.due()
+            ):
+                ctx.checkpoints.save(trainer.step, *trainer.state())
+        ctx.checkpoints.save(trainer.step, *trainer.state())
+        self.report(ctx, trainer, last, force=True)
+
+        ctx.raise_if_cancelled()
+        t0 = time.perf_counter()
+        metrics, names = self.evaluate_and_store(ctx, trainer, test)
+        names += self.final_metrics(ctx, trainer, test, metrics)
+        metrics.update(
+            {
+                "steps": trainer.step,
+                "train_s": round(trainer.train_s, 3),
+                "eval_s": round(time.perf_counter() - t0, 3),
+                "train_psnr": last.get("psnr"),
+                "artifacts": names,
+            }
+        )
+        return metrics
+
+    # -- evaluation ------------------------------------------------------------------------------
+    def evaluate_and_store(self, ctx, trainer, test: Dataset) -> tuple[dict[str, Any], list[str]]:
+        """Scores every test view and writes the evaluation artifacts (module docstring)."""
+        art = ctx.paths.artifacts
+        art.mkdir(parents=True, exist_ok=True)
+        lpips, lpips_absent = lpips_metric(getattr(ctx.settings, "lpips_model", None))
+        rows: list[dict] = []
+        names: list[str] = []
+        keep = ctx.config["n_test_renders"]
+        tmp_zip = art / f".{RENDERS_ZIP}.tmp"
+        with zipfile.ZipFile(tmp_zip, "w", zipfile.ZIP_STORED) as zf:
+
+            def store(view: ViewResult) -> None:
+                rows.append(view.row)
+                stem = PurePosixPath(view.name).stem
+                zf.writestr(f"rgb/{stem}.png", encode_image(to_uint8(view.rgb), "png"))
+                if view.depth is not None:
+                    zf.writestr(f"depth/{stem}.png", depth_png16(view.depth, view.depth > 0))
+                if view.index < keep:
+                    name = f"test_{view.index:03d}.png"
+                    atomic_write_bytes(
+                        art / name,
+                        encode_image(to_uint8(view.rgb), "png", {"source": view.name}),
+                    )
+                    names.append(name)
+
+            metrics, _ = evaluate(
+                lambda i: self.render_test_view(trainer, test, i),
+                test,
+                trainer.eval_background,
+                lpips=lpips,
+                on_view=store,
+            )
+        tmp_zip.replace(art / RENDERS_ZIP)
+        means = {k: round(v, 5) for k, v in metrics.items() if k.startswith("test_")}
+        results = {"views": rows, "mean": means, "n_test": metrics["n_test"]}
+        if lpips_absent:
+            results["lpips_absent"] = lpips_absent
+            metrics["lpips_absent"] = lpips_absent
+        atomic_write_bytes(art / RESULTS_NAME, json.dumps(results, indent=1).encode())
+        return metrics, names + [RESULTS_NAME, RENDERS_ZIP]
+
+    # -- rendering -------------------------------------------------------------------------------
+    def model_for(self, checkpoint) -> tuple[Any, bool]:
+        model = checkpoint.cache.get(self.kind)
+        if model is not None:
+            return model, True
+        if checkpoint.meta.get("kind") != self.kind:
+            raise RenderError(409, f"the job's checkpoint is not a {self.kind} checkpoint")
+        model = self.model_class(checkpoint, pick_device())
+        checkpoint.cache[self.kind] = model
+        return model, False
+
+    def _frame(self, model, cam: RenderCamera, request: dict[str, Any]):
+        output = request.get("output", "rgb")
+        rgb, depth, alpha = self.render_view(model, cam, model.background(request), output)
+        return rgb, world_distance(depth, model.normalization), alpha
+
+    def render(self, job, checkpoint, request: dict[str, Any]) -> tuple[bytes, str]:
+        request = {**request, "camera": clean_camera(request.get("camera"), "camera")}
+        model, hit = self.model_for(checkpoint)
+        cam = resolve_request_camera(request, model.camera_meta)
+        text = {
+            "nf-model-cache": "hit" if hit else "miss",
+            "nf-checkpoint-step": str(checkpoint.step),
+        }
+        return encode_output(
+            *self._frame(model, cam, request),
+            request.get("output", "rgb"),
+            request.get("format", "png"),
+            text,
+        )
+
+    def path_frames(self, checkpoint, request: dict[str, Any], budget: bool = True):
+        """(frame count, iterator of uint8 frames) of a PathRequest; RenderError for bad paths."""
+        fmt = request.get("format", "webp")
+        if fmt not in PATH_FORMATS:
+            raise RenderError(
+                422, f"format {fmt!r} is not available here; use {', '.join(PATH_FORMATS)}"
+            )
+        if request.get("poses") is not None:
+            request = {
+                **request,
+                "poses": [clean_camera(c, f"poses[{i}]") for i, c in enumerate(request["poses"])],
+            }
+        width, height, n = path_length(request)
+        if budget:
+            from core.settings import get_settings
+
+            limit = PATH_PIXEL_BUDGET_FRAMES * get_settings().max_render_pixels
+            if n * width * height > limit:
+                raise RenderError(
+                    422,
+                    f"{n} frames of {width}x{height} is over the path budget of {limit} pixels "
+                    f"({PATH_PIXEL_BUDGET_FRAMES} x MAX_RENDER_PIXELS); use fewer or smaller "
+                    "frames, or render it as a path job",
+                )
+        model, _ = self.model_for(checkpoint)
+        cams = path_cameras(request, model.camera_meta)
+        output = request.get("output", "rgb")
+
+        def frames():
+            for cam in cams:
+                yield output_pixels(*self._frame(model, cam, request), output)[0]
+
+        return len(cams), frames()
+
+    def render_path(self, job, checkpoint, request: dict[str, Any]) -> tuple[bytes, str]:
+        fmt = request.get("format", "webp")
+        _, frames = self.path_frames(checkpoint, request)
+        return encode_frames(frames, fmt, path_fps(request)), CONTENT_TYPES[fmt]
+
+
+def path_fps(request: dict[str, Any]) -> int:
+    cp = request.get("camera_path")
+    if cp is not None and request.get("fps") is None:
+        return int(round(cp.get("fps") or 24))
+    return int(request.get("fps") or 24)
