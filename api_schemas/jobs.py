@@ -40,6 +40,9 @@ class Progress(BaseModel):
     # Scene kinds (nerf) also report throughput.
     rays_per_s: float | None = None
     samples_per_ray: float | None = None
+    checkpoint_step: int | None = Field(
+        None, description="newest checkpoint written: what a render of the running job shows"
+    )
 
 
 class Job(BaseModel):

@@ -188,3 +188,21 @@ class PathRequest(Intrinsics):
         if cp is not None and cp.seconds:
             return max(1, min(60, round(len(cp.camera_path) / cp.seconds)))
         return 24
+
+
+class PathJob(BaseModel):
+    """A camera path rendering in the background (POST render/path answered 202)."""
+
+    id: str
+    job_id: str
+    status: Literal["queued", "running", "succeeded", "failed"]
+    format: str
+    n_frames: int
+    frames_done: int = 0
+    checkpoint_step: int | None = Field(None, description="the checkpoint the frames come from")
+    artifact: str | None = Field(None, description="the file's artifact name once succeeded")
+    url: str = Field(..., description="where this state is polled")
+    artifact_url: str | None = None
+    error: str | None = None
+    created_at: str
+    updated_at: str

@@ -22,6 +22,7 @@ TASK_RENDER_PATH = "nf.render_path"
 # new worker to offer them. The task publishes no result (state lives in <job>/exports/).
 TASK_EXPORT = "nf.export"
 EXPORT_QUEUE = RENDER_QUEUE
+TASK_RENDER_PATH_JOB = "nf.render_path_job"  # a path rendered to an artifact (core/path_jobs.py)
 
 
 def broker_dirs(settings: Settings) -> dict[str, Any]:

@@ -55,6 +55,12 @@ class Settings(BaseSettings):
     max_export_resolution: int = Field(
         512, ge=16, description="cap of a mesh export's marching-cubes resolution (422 past it)"
     )
+    path_wait_pixels: int = Field(
+        16_777_216,
+        ge=0,
+        description="a path over this many frames*width*height pixels, without `mode`, runs as "
+        "a path job (202) instead of in the HTTP wait",
+    )
 
     # API keys (service/auth.py): `token` or `name:token`, comma separated, and/or one per line in a file.
     api_keys: str | None = Field(
@@ -122,6 +128,10 @@ class Settings(BaseSettings):
     device: str | None = Field(
         None, description="torch device for the worker; default cuda if available"
     )
+    lpips_model: Path | None = Field(
+        None,
+        description="TorchScript LPIPS on the worker (worker/scene/metrics.py); unset: no LPIPS",
+    )
 
     # Structure from motion (photos without poses, videos): the `preprocess` queue's workers.
     sfm_min_registered_share: float = Field(
@@ -144,7 +154,14 @@ class Settings(BaseSettings):
         None, description="COLMAP vocabulary tree; larger photo sets match by it when set"
     )
 
-    @field_validator("redis_url", "api_keys", "api_keys_file", "sfm_vocab_tree_path", mode="before")
+    @field_validator(
+        "redis_url",
+        "api_keys",
+        "api_keys_file",
+        "sfm_vocab_tree_path",
+        "lpips_model",
+        mode="before",
+    )
     @classmethod
     def _empty_is_unset(cls, v: str | None) -> str | None:
         return v or None

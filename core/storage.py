@@ -61,6 +61,11 @@ class JobPaths:
     def exports(self) -> Path:
         return self.root / "exports"
 
+    @property
+    def renders(self) -> Path:
+        """Path jobs' state files (core/path_jobs.py)."""
+        return self.root / "renders"
+
 
 # -- the checkpoint file layout (`<job>/checkpoints/`) ----------------------------------------
 # step-<n>.safetensors (tensors) + step-<n>.json (meta, written first: tensors without meta are

@@ -23,6 +23,7 @@ from core.celery_config import (
     TASK_PREPROCESS,
     TASK_RENDER,
     TASK_RENDER_PATH,
+    TASK_RENDER_PATH_JOB,
     TASK_TRAIN,
     TRAIN_QUEUE,
     broker_dirs,
@@ -167,6 +168,14 @@ class TaskQueue:
             self.send_preprocess(job.id)
         else:
             self.send_train(job.id)
+
+    def send_path_job(self, job_id: str, render_id: str, request: dict[str, Any]) -> None:
+        self.client.send_task(
+            TASK_RENDER_PATH_JOB,
+            args=[job_id, render_id, request],
+            queue=RENDER_QUEUE,
+            ignore_result=True,
+        )
 
     def revoke(self, job_id: str) -> None:
         try:

@@ -45,6 +45,7 @@ class CheckpointManager:
         self.keep = keep
         self.interval_s = interval_s
         self._last_save = time.monotonic()
+        self.saved_step: int | None = None  # the newest step this manager wrote
 
     # -- writing -----------------------------------------------------------------------
     def due(self) -> bool:
@@ -61,6 +62,7 @@ class CheckpointManager:
         atomic_write_bytes(path, blob)
         atomic_write_bytes(self.dir / LATEST_NAME, str(step).encode())
         self._last_save = time.monotonic()
+        self.saved_step = step
         self._prune()
         return path
 

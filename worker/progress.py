@@ -11,7 +11,7 @@ from api_schemas.jobs import Progress
 from core.store import JobStore
 
 log = logging.getLogger(__name__)
-EXTRA_FIELDS = ("rays_per_s", "samples_per_ray")
+EXTRA_FIELDS = ("rays_per_s", "samples_per_ray", "checkpoint_step")
 
 
 class ProgressReporter:

@@ -1,5 +1,6 @@
-"""Celery tasks: nf.preprocess, nf.train, nf.render, nf.render_path, nf.export. Kind-specific work
-lives in worker.jobs.<kind>; structure from motion for uploads without poses in worker.sfm."""
+"""Celery tasks: nf.preprocess, nf.train, nf.render, nf.render_path, nf.render_path_job,
+nf.export. Kind-specific work lives in worker.jobs.<kind>; structure from motion for uploads
+without poses in worker.sfm."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
 from api_schemas.jobs import JobStatus
+from core import path_jobs
 from core.celery_config import (
     PREPROCESS_QUEUE,
     TASK_EXPORT,
     TASK_PREPROCESS,
+    TASK_RENDER_PATH_JOB,
     TASK_TRAIN,
     TRAIN_QUEUE,
 )
@@ -438,7 +441,8 @@ def _render(job_id: str, request: dict[str, Any], fn_name: str) -> dict[str, Any
             raise RenderError(
                 422, f"{job.kind.value} jobs do not support {fn_name.replace('_', ' ')}"
             )
-        data, content_type = fn(job, _checkpoint(job_id, store.storage.paths(job_id)), request)
+        checkpoint = _checkpoint(job_id, store.storage.paths(job_id))
+        data, content_type = fn(job, checkpoint, request)
     except RenderError as exc:
         return {"error": {"status_code": exc.status_code, "detail": exc.detail}}
     except UnknownKind as exc:
@@ -464,7 +468,11 @@ def _render(job_id: str, request: dict[str, Any], fn_name: str) -> dict[str, Any
                 f"{limit} bytes (MAX_RENDER_RESULT_MB); ask for fewer frames or pixels",
             }
         }
-    return {"content_type": content_type, "data_b64": base64.b64encode(data).decode()}
+    return {
+        "content_type": content_type,
+        "data_b64": base64.b64encode(data).decode(),
+        "checkpoint_step": checkpoint.step,
+    }
 
 
 def _unless_abandoned(task, result: dict[str, Any]) -> dict[str, Any] | None:
@@ -499,3 +507,54 @@ def export(job_id: str, export_id: str) -> None:
     from worker.exports import execute
 
     execute(_store(), job_id, export_id, _checkpoint)
+
+
+PATH_JOB_REPORT_S = 0.5  # frames_done is rewritten at most this often
+
+
+@app.task(name=TASK_RENDER_PATH_JOB, ignore_result=True, acks_late=False)
+def render_path_job(job_id: str, render_id: str, request: dict[str, Any]) -> None:
+    """A path rendered into the artifact path-<render_id>.<format>; progress and the outcome in
+    the path job's state (core/path_jobs.py)."""
+    store = _store()
+    try:
+        paths = store.storage.paths(job_id)
+        path_jobs.read(paths, render_id)
+    except (ValueError, FileNotFoundError):
+        log.warning("nf.render_path_job: %s/%s does not exist (deleted?)", job_id, render_id)
+        return
+    fmt = request.get("format", "mp4")
+    name = path_jobs.artifact_name(render_id, fmt)
+    tmp = paths.artifacts / f".{name}.tmp"
+    last = [0.0]
+
+    def on_frame(done: int, total: int) -> None:
+        now = time.monotonic()
+        if done == total or now - last[0] >= PATH_JOB_REPORT_S:
+            last[0] = now
+            path_jobs.update(paths, render_id, frames_done=done)
+
+    try:
+        job = store.get(job_id)
+        fn = getattr(get_kind_module(job.kind.value), "render_path_to", None)
+        if fn is None:
+            raise RenderError(422, f"{job.kind.value} jobs do not render camera paths")
+        checkpoint = _checkpoint(job_id, paths)
+        path_jobs.update(paths, render_id, status="running", checkpoint_step=checkpoint.step)
+        paths.artifacts.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as out:
+            fn(job, checkpoint, request, out, on_frame)
+        tmp.replace(paths.artifacts / name)
+    except Exception as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, RenderError):
+            error = exc.detail
+        else:
+            log.exception("path job %s of %s failed", render_id, job_id)
+            error = f"render failed: {_short_error(exc)}"
+        try:
+            path_jobs.update(paths, render_id, status="failed", error=error)
+        except (OSError, ValueError):
+            pass  # the job was deleted meanwhile
+        return
+    path_jobs.update(paths, render_id, status="succeeded", artifact=name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+import time
 import zipfile
 
 import numpy as np
@@ -240,3 +241,211 @@ def test_checkpoint_download_is_a_self_describing_safetensors(fs_stack, trained)
     )
     tensors = load(r.content)
     assert tensors["field.encoding.params"].shape[1] == 2 and "grid.bits" in tensors
+
+
+# -- outputs people take away: evaluation artifacts, depth files, MP4, nerfstudio paths ------
+def artifact(stack, job_id, name) -> bytes:
+    r = stack.client.get(f"/v1/jobs/{job_id}/artifacts/{name}")
+    assert r.status_code == 200, r.text
+    return r.content
+
+
+def test_results_json_and_zip_of_every_test_view(fs_stack, trained, scene):
+    job_id, m = trained["id"], trained["job"]["metrics"]
+    results = json.loads(artifact(fs_stack, job_id, "results.json"))
+    views = results["views"]
+    assert [v["index"] for v in views] == list(range(N_TEST))
+    assert all(v["name"].startswith("images/") and 0 < v["ssim"] <= 1 for v in views)
+    assert np.mean([v["psnr"] for v in views]) == pytest.approx(m["test_psnr"], abs=1e-3)
+    # No LPIPS weights on this worker: the score is absent and the job says why.
+    assert "lpips" not in views[0] and "LPIPS_MODEL" in results["lpips_absent"]
+    assert "test_lpips" not in m and m["lpips_absent"] == results["lpips_absent"]
+    with zipfile.ZipFile(io.BytesIO(artifact(fs_stack, job_id, "test_renders.zip"))) as zf:
+        names = sorted(zf.namelist())
+        assert len([n for n in names if n.startswith("rgb/")]) == N_TEST
+        assert len([n for n in names if n.startswith("depth/")]) == N_TEST
+        for i, v in enumerate(views):
+            stem = v["name"].rsplit("/", 1)[-1].rsplit(".", 1)[0]
+            rgb = np.asarray(decode(zf.read(f"rgb/{stem}.png")).convert("RGB"), np.float64) / 255
+            # the photo of this view, scored independently, matches what results.json says
+            assert psnr(rgb, on_white(scene["test_rgba"][i])) == pytest.approx(v["psnr"], abs=0.2)
+            depth_im = decode(zf.read(f"depth/{stem}.png"))
+            assert depth_im.mode in ("I;16", "I")
+            mm = np.asarray(depth_im, dtype=np.float64)
+            truth = gt_render(np.asarray(scene["test_c2w"][i]), SIZE, SIZE, fov_x_deg=FOV_X_DEG)
+            hit = (truth["rgba"][..., 3] > 0.99) & (mm > 0)
+            assert hit.mean() > 0.05
+            err = np.abs(mm[hit] / 1000.0 - truth["depth"][hit])
+            assert np.median(err) < 0.05 * np.median(truth["depth"][hit])
+
+
+def test_depth_as_png16_millimetres_and_float32_npy(fs_stack, trained, scene):
+    c2w = scene["test_c2w"][1]
+    body = {"width": SIZE, "height": SIZE, "camera": {"c2w": c2w}, "fov_x_deg": FOV_X_DEG}
+    r = render(fs_stack, trained["id"], {**body, "output": "depth", "format": "npy"})
+    assert r.status_code == 200 and r.headers["x-checkpoint-step"] == str(CONFIG["steps"])
+    depth = np.load(io.BytesIO(r.content), allow_pickle=False)
+    assert depth.dtype == np.float32 and depth.shape == (SIZE, SIZE)
+    truth = gt_render(np.asarray(c2w), SIZE, SIZE, fov_x_deg=FOV_X_DEG)
+    hit = (truth["rgba"][..., 3] > 0.99) & (depth > 0)
+    assert np.median(np.abs(depth[hit] - truth["depth"][hit])) < 0.05 * np.median(
+        truth["depth"][hit]
+    )
+    r = render(fs_stack, trained["id"], {**body, "output": "depth", "format": "png16"})
+    mm = np.asarray(decode(r.content), dtype=np.float64)
+    assert np.abs(mm[hit] - np.round(depth[hit] * 1000)).max() <= 1
+    r = render(fs_stack, trained["id"], {**body, "format": "png16"})  # rgb has no 16-bit form
+    assert r.status_code == 422 and "depth" in r.json()["detail"]
+
+
+def read_video(data: bytes) -> tuple[list[np.ndarray], float]:
+    """Frames (H, W, 3) uint8 and the frame rate, read back with PyAV."""
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        assert stream.codec_context.name == "h264" and stream.codec_context.pix_fmt == "yuv420p"
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
+        return frames, float(stream.average_rate)
+
+
+def test_mp4_path_reads_back(fs_stack, trained):
+    r = fs_stack.client.post(
+        f"/v1/jobs/{trained['id']}/render/path",
+        json={
+            "width": 24,
+            "height": 16,
+            "format": "mp4",
+            "fps": 12,
+            "orbit": {"radius": 3.5, "n_frames": 5},
+        },
+    )
+    assert r.status_code == 200 and r.headers["content-type"] == "video/mp4", r.text
+    frames, fps = read_video(r.content)
+    assert len(frames) == 5 and frames[0].shape == (16, 24, 3) and fps == pytest.approx(12)
+
+
+def ns_camera_path(c2w, fov_y: float, width: int, height: int) -> dict:
+    """A camera_path.json as nerfstudio's viewer writes it, viewer-only keys included."""
+    flat = [float(v) for row in np.asarray(c2w, np.float64) for v in row]
+    return {
+        "keyframes": [{"matrix": str(flat), "fov": fov_y, "aspect": width / height}],
+        "camera_type": "perspective",
+        "render_height": height,
+        "render_width": width,
+        "camera_path": [{"camera_to_world": flat, "fov": fov_y, "aspect": width / height}],
+        "fps": 24,
+        "seconds": 1,
+        "smoothness_value": 0.5,
+        "is_cycle": False,
+        "crop": None,
+    }
+
+
+def first_zip_frame(data: bytes) -> np.ndarray:
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        return np.asarray(decode(zf.read(sorted(zf.namelist())[0])).convert("RGB"))
+
+
+def test_nerfstudio_camera_path_renders_what_the_c2w_request_renders(fs_stack, trained, scene):
+    c2w = np.asarray(scene["test_c2w"][3], np.float64)
+    w, h, fov_y = 24, 20, 40.0
+    ref = render(
+        fs_stack,
+        trained["id"],
+        {"width": w, "height": h, "camera": {"c2w": c2w.tolist()}, "fov_y_deg": fov_y},
+    )
+    assert ref.status_code == 200
+    ref = np.asarray(decode(ref.content).convert("RGB"))
+    url = f"/v1/jobs/{trained['id']}/render/path"
+    # the file as the body, with our keys beside its own
+    r = fs_stack.client.post(
+        url, json={**ns_camera_path(c2w, fov_y, w, h), "frame": "world", "format": "zip"}
+    )
+    assert r.status_code == 200, r.text
+    assert np.array_equal(first_zip_frame(r.content), ref)
+    # nerfstudio's frame, with the dataparser transform nerfstudio would have written
+    theta = 0.7
+    rot = np.array(
+        [[np.cos(theta), -np.sin(theta), 0], [np.sin(theta), np.cos(theta), 0], [0, 0, 1]]
+    )
+    t, s = np.array([0.3, -0.2, 0.5]), 0.25
+    ns = np.eye(4)
+    ns[:3, :3] = rot @ c2w[:3, :3]
+    ns[:3, 3] = s * (rot @ c2w[:3, 3] + t)
+    r = fs_stack.client.post(
+        url,
+        json={
+            "camera_path": ns_camera_path(ns, fov_y, w, h),
+            "frame": "nerfstudio",
+            "dataparser_transform": {
+                "transform": np.hstack([rot, t[:, None]]).tolist(),
+                "scale": s,
+            },
+            "format": "zip",
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert np.abs(first_zip_frame(r.content).astype(int) - ref.astype(int)).max() <= 2
+
+
+def test_bad_camera_paths_are_422_with_detail(fs_stack, trained, scene):
+    url = f"/v1/jobs/{trained['id']}/render/path"
+    good = ns_camera_path(scene["test_c2w"][0], 40.0, 16, 16)
+    sheared = {
+        **good,
+        "camera_path": [
+            {
+                **good["camera_path"][0],
+                "camera_to_world": [2.0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1],
+            }
+        ],
+    }
+    for body, word in (
+        ({"camera_path": good}, "frame"),
+        ({"camera_path": good, "frame": "ngp"}, "frame"),
+        ({"camera_path": {**good, "camera_type": "fisheye"}, "frame": "world"}, "perspective"),
+        ({"camera_path": sheared, "frame": "world"}, "orthonormal"),
+        ({"camera_path": {**good, "camera_path": []}, "frame": "world"}, "camera_path"),
+        ({"camera_path": good, "frame": "world", "format": "avi"}, "format"),
+    ):
+        r = fs_stack.client.post(url, json=body)
+        assert r.status_code == 422, (body, r.text)
+        assert word in r.json()["detail"], r.json()["detail"]
+    nan = {**good, "camera_path": [{**good["camera_path"][0], "fov": float("nan")}]}
+    r = fs_stack.client.post(
+        url,
+        content=json.dumps({"camera_path": nan, "frame": "world"}),  # NaN: what json.dumps writes
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 422 and r.json()["detail"]
+
+
+def test_a_path_job_reports_progress_and_lands_an_mp4_artifact(fs_stack, trained):
+    job_id = trained["id"]
+    r = fs_stack.client.post(
+        f"/v1/jobs/{job_id}/render/path",
+        json={
+            "width": 16,
+            "height": 16,
+            "format": "mp4",
+            "mode": "job",
+            "orbit": {"radius": 3.5, "n_frames": 6},
+        },
+    )
+    assert r.status_code == 202, r.text
+    state = r.json()
+    assert state["status"] in ("queued", "running") and state["n_frames"] == 6
+    assert r.headers["location"] == state["url"]
+    seen = set()
+    deadline = time.monotonic() + 60
+    while state["status"] not in ("succeeded", "failed"):
+        assert time.monotonic() < deadline, state
+        time.sleep(0.2)
+        state = fs_stack.client.get(state["url"]).json()
+        seen.add(state["frames_done"])
+    assert state["status"] == "succeeded", state["error"]
+    assert state["frames_done"] == 6 and state["checkpoint_step"] == CONFIG["steps"]
+    frames, _ = read_video(artifact(fs_stack, job_id, state["artifact"]))
+    assert len(frames) == 6 and frames[0].shape == (16, 16, 3)
+    assert fs_stack.client.get(f"/v1/jobs/{job_id}/renders/not-an-id").status_code == 404

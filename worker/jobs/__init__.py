@@ -6,6 +6,7 @@ A kind module exposes:
   train(ctx: JobContext) -> dict            final metrics; raise to fail the job
   render(job, checkpoint, request) -> (bytes, content_type)
   render_path(job, checkpoint, request) -> (bytes, content_type)   optional
+  render_path_to(job, checkpoint, request, out, on_frame) -> content_type   optional: path jobs
 Client mistakes inside render raise RenderError(status_code, detail).
 """
 

@@ -79,19 +79,11 @@ class NerfJob(SceneJob):
     def make_trainer(self, ctx, meta, data):
         return NerfTrainer(ctx.config, meta, ctx.device, data)
 
-    def report(self, ctx, trainer, last, force=False):
-        if not last:
-            ctx.progress.report(trainer.step, ctx.config["steps"], force=force)
-            return
-        ctx.progress.report(
-            trainer.step,
-            ctx.config["steps"],
-            loss=last["loss"],
-            psnr=last["psnr"],
-            force=force,
-            rays_per_s=round(last["rays"] / max(last["seconds"], 1e-9), 1),
-            samples_per_ray=round(last["samples_per_ray"], 2),
-        )
+    def report(self, ctx, trainer, last, force=False, **extra):
+        if last:
+            extra["rays_per_s"] = round(last["rays"] / max(last["seconds"], 1e-9), 1)
+            extra["samples_per_ray"] = round(last["samples_per_ray"], 2)
+        super().report(ctx, trainer, last, force, **extra)
 
     def _view(self, trainer, data: Dataset, i: int):
         f = data.frames[i]
@@ -170,4 +162,9 @@ class NerfJob(SceneJob):
 
 
 JOB = NerfJob()
-train, render, render_path = JOB.train, JOB.render, JOB.render_path
+train, render, render_path, render_path_to = (
+    JOB.train,
+    JOB.render,
+    JOB.render_path,
+    JOB.render_path_to,
+)

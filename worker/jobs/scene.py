@@ -85,13 +85,15 @@ class SceneJob:
         output is depth), alpha (H, W), as numpy."""
         raise NotImplementedError
 
-    def report(self, ctx, trainer, last: dict[str, float], force: bool = False) -> None:
+    def report(self, ctx, trainer, last: dict[str, float], force: bool = False, **extra) -> None:
         ctx.progress.report(
             trainer.step,
             ctx.config["steps"],
             loss=last.get("loss"),
             psnr=last.get("psnr"),
             force=force,
+            checkpoint_step=ctx.checkpoints.saved_step,
+            **extra,
         )
 
     def after_step(self, trainer, test: Dataset) -> None:
@@ -114,6 +116,7 @@ class SceneJob:
             )
             return
         trainer.load_state(ckpt.tensors, ckpt.meta)
+        ctx.checkpoints.saved_step = ckpt.step
         log.info("job %s: resumed from checkpoint step %s", ctx.job.id, trainer.step)
 
     def train(self, ctx) -> dict[str, Any]:
@@ -265,9 +268,21 @@ class SceneJob:
         _, frames = self.path_frames(checkpoint, request)
         return encode_frames(frames, fmt, path_fps(request)), CONTENT_TYPES[fmt]
 
+    def render_path_to(self, job, checkpoint, request: dict[str, Any], out, on_frame) -> str:
+        """A path job: frames written to the file `out` as they render (MP4 and zip hold one
+        frame at a time), `on_frame(done, total)` after each; returns the content type."""
+        fmt = request.get("format", "mp4")
+        n, frames = self.path_frames(checkpoint, request, budget=False)
+
+        def counted():
+            for i, frame in enumerate(frames):
+                yield frame
+                on_frame(i + 1, n)
+
+        encode_frames(counted(), fmt, path_fps(request), out=out)
+        return CONTENT_TYPES[fmt]
+
 
 def path_fps(request: dict[str, Any]) -> int:
-    cp = request.get("camera_path")
-    if cp is not None and request.get("fps") is None:
-        return int(round(cp.get("fps") or 24))
+    """The API fills `fps` (api_schemas.render.PathRequest.frames_per_second); 24 without it."""
     return int(request.get("fps") or 24)

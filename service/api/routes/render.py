@@ -1,4 +1,7 @@
-"""Rendering a trained field: the API validates, the render queue does the work."""
+"""Rendering a trained field: the API validates, the render queue does the work.
+
+A running job renders its latest checkpoint (a preview while it trains); every render answers
+with `X-Checkpoint-Step`. A long camera path runs as a path job (routes/path_jobs.py)."""
 
 from __future__ import annotations
 
@@ -6,26 +9,30 @@ import asyncio
 import base64
 
 from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from api_schemas.jobs import JobStatus
-from api_schemas.render import PathRequest, RenderRequest
+from api_schemas.render import PathJob, PathRequest, RenderRequest
+from core import path_jobs
 from core.settings import Settings
+from core.storage import LocalStorage
 from core.store import JobStore
 from service.api.deps import (
     JOB_GUARDS,
     current_key,
     get_queue,
     get_settings_dep,
+    get_storage,
     get_store,
     load_job,
 )
+from service.api.routes.path_jobs import path_job_view
 from service.auth import ApiKey
 from service.queue import RenderTimeout, TaskQueue
 
 router = APIRouter(prefix="/v1/jobs", tags=["render"], dependencies=JOB_GUARDS)
 RENDER_ERRORS = {
-    409: {"description": "the job has not succeeded (yet)"},
+    409: {"description": "the job is queued, failed or cancelled, or has no checkpoint yet"},
     429: {"description": "render pixel budget of this key spent (Retry-After says when)"},
     504: {"description": "the render did not finish within RENDER_TIMEOUT_S"},
 }
@@ -43,7 +50,10 @@ async def _run(queue: TaskQueue, job_id: str, body: dict, path: bool) -> Respons
         raise HTTPException(int(err.get("status_code", 500)), err.get("detail", "render failed"))
     # A path render can be 100+ MB: decode it off the event loop.
     data = await asyncio.to_thread(base64.b64decode, result["data_b64"])
-    return Response(data, media_type=result["content_type"])
+    headers = {}
+    if result.get("checkpoint_step") is not None:
+        headers["X-Checkpoint-Step"] = str(result["checkpoint_step"])
+    return Response(data, media_type=result["content_type"], headers=headers)
 
 
 async def charge_pixels(request: Request, key: ApiKey, pixels: int) -> None:
@@ -90,8 +100,10 @@ def _caps(settings: Settings, width: int, height: int, frames: int = 1) -> None:
 
 def _check(store: JobStore, job_id: str):
     job = load_job(store, job_id)
-    if job.status != JobStatus.succeeded:
-        raise HTTPException(409, f"job is {job.status.value}; renders need a succeeded job")
+    if job.status not in (JobStatus.succeeded, JobStatus.running):
+        raise HTTPException(
+            409, f"job is {job.status.value}; renders need a running or succeeded job"
+        )
     return job
 
 
@@ -124,13 +136,25 @@ async def render(
     "/{job_id}/render/path",
     response_class=Response,
     summary="Render frames along a camera path",
-    responses={200: {"content": {"image/webp": {}, "application/zip": {}}}, **RENDER_ERRORS},
+    responses={
+        200: {
+            "content": {
+                "image/webp": {},
+                "image/gif": {},
+                "video/mp4": {},
+                "application/zip": {},
+            }
+        },
+        202: {"model": PathJob, "description": "a path job: poll its url"},
+        **RENDER_ERRORS,
+    },
 )
 async def render_path(
     request: Request,
     job_id: str,
     req: PathRequest,
     store: JobStore = Depends(get_store),
+    storage: LocalStorage = Depends(get_storage),
     settings: Settings = Depends(get_settings_dep),
     queue: TaskQueue = Depends(get_queue),
     key: ApiKey = Depends(current_key),
@@ -138,7 +162,16 @@ async def render_path(
     _caps(settings, req.width, req.height, req.frames)
     await charge_pixels(request, key, req.frames * req.width * req.height)
     job = _check(store, job_id)
-    return await _run(queue, job.id, req.model_dump(mode="json", exclude_none=True), path=True)
+    body = {**req.model_dump(mode="json", exclude_none=True), "fps": req.frames_per_second}
+    pixels = req.frames * req.width * req.height
+    if req.mode == "job" or (req.mode is None and pixels > settings.path_wait_pixels):
+        paths = storage.paths(job.id)
+        render_id = path_jobs.new_id()
+        state = path_jobs.create(paths, render_id, job.id, req.format, req.frames)
+        await asyncio.to_thread(queue.send_path_job, job.id, render_id, body)
+        view = path_job_view(state)
+        return JSONResponse(view.model_dump(), status_code=202, headers={"Location": view.url})
+    return await _run(queue, job.id, body, path=True)
 
 
 # The first name this route had; kept so early clients keep working.
