@@ -43,7 +43,7 @@ from worker.jobs import (
     JobInterrupted,
     RenderError,
     UnknownKind,
-    get_kind_module,
+    kind_function,
     pick_device,
 )
 from worker.progress import ProgressReporter
@@ -239,7 +239,7 @@ def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
     if job is None:
         return
     try:
-        module = get_kind_module(job.kind.value)
+        train_fn = kind_function(job.kind.value, "train")
         ctx = JobContext(
             job=job,
             paths=paths,
@@ -254,7 +254,7 @@ def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
             device=pick_device(settings.device),
         )
         with ctx.progress:
-            metrics = module.train(ctx) or {}
+            metrics = train_fn(ctx) or {}
     except JobCancelled:
         store.set_status(
             job_id, JobStatus.cancelled, only_from={JobStatus.running, JobStatus.queued}
@@ -435,8 +435,7 @@ def _render(job_id: str, request: dict[str, Any], fn_name: str) -> dict[str, Any
     except (JobNotFound, ValueError):
         return {"error": {"status_code": 404, "detail": f"job {job_id} not found"}}
     try:
-        module = get_kind_module(job.kind.value)
-        fn = getattr(module, fn_name, None)
+        fn = kind_function(job.kind.value, fn_name)
         if fn is None:
             raise RenderError(
                 422, f"{job.kind.value} jobs do not support {fn_name.replace('_', ' ')}"
@@ -536,7 +535,7 @@ def render_path_job(job_id: str, render_id: str, request: dict[str, Any]) -> Non
 
     try:
         job = store.get(job_id)
-        fn = getattr(get_kind_module(job.kind.value), "render_path_to", None)
+        fn = kind_function(job.kind.value, "render_path_to")
         if fn is None:
             raise RenderError(422, f"{job.kind.value} jobs do not render camera paths")
         checkpoint = _checkpoint(job_id, paths)

@@ -31,13 +31,14 @@ def decode(data: bytes) -> Image.Image:
 
 
 def scene_upload(size: int, n_train: int, n_test: int, seed: int = 3) -> dict:
-    """{"zip": upload bytes, "test_c2w": held-out poses, "test_rgba": held-out photos (float)}."""
+    """{"zip": upload bytes, "test_c2w" / "train_c2w": poses, "test_rgba": held-out photos (float)}."""
     files = scene_files(size, n_train, n_test, seed=seed)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
         for name, data in files.items():
             zf.writestr(name, data)
     test = json.loads(files["transforms_test.json"])
+    train = json.loads(files["transforms_train.json"])
     gts = [
         np.asarray(decode(files[f"test/r_{i}.png"]).convert("RGBA"), dtype=np.float64) / 255
         for i in range(n_test)
@@ -45,6 +46,7 @@ def scene_upload(size: int, n_train: int, n_test: int, seed: int = 3) -> dict:
     return {
         "zip": buf.getvalue(),
         "test_c2w": [f["transform_matrix"] for f in test["frames"]],
+        "train_c2w": [f["transform_matrix"] for f in train["frames"]],
         "test_rgba": gts,
     }
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from experiments.pe_gap import format_table, gap_table
-from worker.jobs.image import CoordMLP, FourierFeatures, pixel_grid, psnr_from_mse, training_size
+from worker.jobs.image import CoordMLP, FourierFeatures, pixel_grid, training_size
+from worker.scene.metrics import psnr_from_mse
 
 
 def test_fourier_features_frequencies_and_layout():

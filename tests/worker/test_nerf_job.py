@@ -449,3 +449,34 @@ def test_a_path_job_reports_progress_and_lands_an_mp4_artifact(fs_stack, trained
     frames, _ = read_video(artifact(fs_stack, job_id, state["artifact"]))
     assert len(frames) == 6 and frames[0].shape == (16, 16, 3)
     assert fs_stack.client.get(f"/v1/jobs/{job_id}/renders/not-an-id").status_code == 404
+
+
+def test_training_cameras_download_as_a_camera_path_that_renders_them(fs_stack, trained, scene):
+    job_id = trained["id"]
+    r = fs_stack.client.get(f"/v1/jobs/{job_id}/camera_path")
+    assert r.status_code == 200, r.text
+    cp = r.json()
+    assert len(cp["camera_path"]) == N_TRAIN and (cp["render_width"], cp["render_height"]) == (
+        SIZE,
+        SIZE,
+    )
+    # world frame: the poses the upload gave (transforms_train.json), fov from its camera_angle_x
+    first = np.asarray(cp["camera_path"][0]["camera_to_world"]).reshape(4, 4)
+    np.testing.assert_allclose(first, np.asarray(scene["train_c2w"][0]), atol=1e-4)
+    assert cp["camera_path"][0]["fov"] == pytest.approx(FOV_X_DEG, abs=1e-3)  # square images
+    few = {**cp, "camera_path": cp["camera_path"][:2]}
+    r = fs_stack.client.post(f"/v1/jobs/{job_id}/render/path", json={**few, "format": "zip"})
+    assert r.status_code == 200, r.text
+    ref = render(
+        fs_stack,
+        job_id,
+        {"width": SIZE, "height": SIZE, "camera": {"c2w": first.tolist()}, "fov_y_deg": FOV_X_DEG},
+    )
+    assert (
+        np.abs(
+            first_zip_frame(r.content).astype(int)
+            - np.asarray(decode(ref.content).convert("RGB")).astype(int)
+        ).max()
+        <= 1
+    )
+    assert fs_stack.client.get(f"/v1/jobs/{job_id}/camera_path?split=nope").status_code == 404

@@ -2,7 +2,7 @@
 imported on first use), plus the objects the task layer hands to a kind module. The scene kinds
 (nerf, splat) are thin subclasses of worker.jobs.scene.SceneJob.
 
-A kind module exposes:
+A kind module exposes (itself, or as methods of its `JOB` object):
   train(ctx: JobContext) -> dict            final metrics; raise to fail the job
   render(job, checkpoint, request) -> (bytes, content_type)
   render_path(job, checkpoint, request) -> (bytes, content_type)   optional
@@ -60,6 +60,13 @@ def get_kind_module(kind: str) -> ModuleType:
         if exc.name == name:
             raise UnknownKind(f"no worker support for job kind {kind!r}") from None
         raise
+
+
+def kind_function(kind: str, name: str):
+    """The kind's `train` / `render` / `render_path` / `render_path_to`, or None where it has
+    none. A module with a `JOB` object (the scene kinds' SceneJob) is answered by that object."""
+    module = get_kind_module(kind)
+    return getattr(getattr(module, "JOB", module), name, None)
 
 
 @dataclass

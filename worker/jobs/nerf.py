@@ -162,9 +162,3 @@ class NerfJob(SceneJob):
 
 
 JOB = NerfJob()
-train, render, render_path, render_path_to = (
-    JOB.train,
-    JOB.render,
-    JOB.render_path,
-    JOB.render_path_to,
-)

@@ -62,12 +62,6 @@ class SplatJob(SceneJob):
 
 
 JOB = SplatJob()
-train, render, render_path, render_path_to = (
-    JOB.train,
-    JOB.render,
-    JOB.render_path,
-    JOB.render_path_to,
-)
 
 
 def evaluate(trainer: SplatTrainer, test: Dataset, keep: int = 0):

@@ -97,7 +97,10 @@ export async function cancelJob(id) {
 
 // Returns a Blob (an image, or an animation / zip for paths).
 export async function render(id, body, signal) {
-  return (await request("POST", jobUrl(id, "/render"), { json: body, signal })).blob();
+  const resp = await request("POST", jobUrl(id, "/render"), { json: body, signal });
+  const blob = await resp.blob();
+  blob.checkpointStep = resp.headers.get("X-Checkpoint-Step"); // which training step it shows
+  return blob;
 }
 
 export async function renderPath(id, body, signal) {

@@ -140,6 +140,13 @@ function showJob(job) {
   $("d-error").textContent = job.error ? `error: ${job.error}` : "";
   $("d-cancel").hidden = TERMINAL.has(job.status);
   $("d-meta").textContent = JSON.stringify({ config: job.config, dataset: job.dataset, metrics: job.metrics }, null, 2);
+  // Scene jobs preview while they train: the viewer appears with the first checkpoint and
+  // re-renders as each new one lands.
+  const ckpt = job.progress && job.progress.checkpoint_step;
+  if (job.kind !== "image" && job.status === "running" && ckpt != null) {
+    if (!detail.viewer) detail.viewer = makeViewer($("viewer"), job);
+    detail.viewer.checkpointLanded?.(ckpt);
+  }
   document.querySelectorAll("#jobs tbody tr").forEach((tr) => tr.classList.toggle("selected", tr.dataset.id === job.id));
 }
 

@@ -1,5 +1,6 @@
-// Viewers for finished jobs: the image field at a chosen size, and an orbit camera for
-// scene kinds that asks the render endpoint for frames (small while moving, full when still).
+// Viewers for finished jobs (and scene jobs while they train): the image field at a chosen size,
+// and an orbit camera for scene kinds that asks the render endpoint for frames (small while
+// moving, full when still).
 
 import * as api from "./api.js";
 import { el } from "./dom.js";
@@ -163,6 +164,8 @@ export class OrbitViewer {
     });
     this.animBtn = el("button", { type: "button", class: "secondary", id: "orbit-animation" }, "Make orbit animation");
     this.animBtn.addEventListener("click", () => this.animation());
+    const camsBtn = el("button", { type: "button", class: "secondary", id: "training-cameras" }, "Download training cameras (camera_path.json)");
+    camsBtn.addEventListener("click", () => this.downloadCameras());
     this.anim = el("div", { class: "animation" });
 
     root.replaceChildren(
@@ -170,7 +173,7 @@ export class OrbitViewer {
       el("div", { class: "controls" }, ...outputs, upSel, el("label", {}, "fov° ", fovIn), el("label", {}, "target ", targetIn)),
       this.stage,
       el("div", { class: "controls" }, this.msg),
-      el("div", { class: "controls" }, this.animBtn),
+      el("div", { class: "controls" }, this.animBtn, camsBtn),
       this.anim,
     );
     this.bindPointer();
@@ -262,7 +265,8 @@ export class OrbitViewer {
         if (this.disposed) return;
         this.frame.show(blob);
         this.shown = { version, full };
-        this.hud.textContent = `${this.output} ${width}×${height} · ${Math.round(performance.now() - t0)} ms`;
+        const step = blob.checkpointStep ? ` · step ${blob.checkpointStep}` : "";
+        this.hud.textContent = `${this.output} ${width}×${height} · ${Math.round(performance.now() - t0)} ms${step}`;
         this.msg.textContent = "drag to orbit, scroll to zoom";
         this.msg.className = "muted";
       })
@@ -296,6 +300,26 @@ export class OrbitViewer {
       this.anim.replaceChildren(el("span", { class: "error" }, `orbit animation failed: ${err.message}`));
     } finally {
       this.animBtn.disabled = false;
+    }
+  }
+
+  // A newer checkpoint of a running job: show the same view from it.
+  checkpointLanded(step) {
+    if (step === this.checkpointStep) return;
+    const first = this.checkpointStep === undefined;
+    this.checkpointStep = step;
+    if (!first) this.changed(false);
+  }
+
+  // The training cameras as nerfstudio's camera_path.json (world frame), to edit and send back.
+  async downloadCameras() {
+    try {
+      const blob = await api.download(api.jobUrl(this.job.id, "/camera_path"));
+      const url = URL.createObjectURL(blob);
+      el("a", { href: url, download: `${this.job.id}-camera_path.json` }).click();
+      setTimeout(() => URL.revokeObjectURL(url), 60000);
+    } catch (err) {
+      this.anim.replaceChildren(el("span", { class: "error" }, `camera download failed: ${err.message}`));
     }
   }
 
