@@ -40,16 +40,16 @@ def artifact_name(export_id: str, fmt: ExportFormat) -> str:
 
 
 def _nerf(job, checkpoint, paths, fmt: ExportFormat, options: dict[str, Any]):
-    from worker.jobs.nerf import _model_for
+    from worker.jobs.nerf import JOB
 
-    model, _ = _model_for(checkpoint)
+    model, _ = JOB.model_for(checkpoint)
     if fmt in MESH_FORMATS:
         from worker.exports.nerf_mesh import mesh_export
 
         defaults = {"resolution": DEFAULT_RESOLUTION, "threshold": DEFAULT_THRESHOLD}
         return mesh_export(model, fmt.value, options, defaults)
     from worker.exports.nerf_points import nerf_point_cloud
-    from worker.nerf.data import Dataset, read_meta
+    from worker.scene.dataset import Dataset, read_meta
 
     dataset = Dataset(paths.dataset, "train", read_meta(paths.dataset))
     return nerf_point_cloud(model, dataset, int(options.get("n_points", DEFAULT_POINTS)))
@@ -57,9 +57,9 @@ def _nerf(job, checkpoint, paths, fmt: ExportFormat, options: dict[str, Any]):
 
 def _splat(job, checkpoint, paths, fmt: ExportFormat, options: dict[str, Any]):
     from worker.exports.splat_files import splat_bytes, splat_point_cloud
-    from worker.jobs.splat import _model_for
+    from worker.jobs.splat import JOB
 
-    model, _ = _model_for(checkpoint)
+    model, _ = JOB.model_for(checkpoint)
     if fmt == ExportFormat.gaussians:
         from worker.splat.ply import ply_bytes
 

@@ -17,7 +17,7 @@ SEED = 0
 
 
 def nerf_point_cloud(model, dataset, n_points: int):
-    """(PLY bytes, stats) from a worker.nerf.data.Dataset of the training split."""
+    """(PLY bytes, stats) from a worker.scene.dataset.Dataset of the training split."""
     gen = torch.Generator().manual_seed(SEED)
     n_rays = min(RAYS_PER_POINT * n_points, max(dataset.n_pixels, n_points))
     idx = torch.randint(0, dataset.n_pixels, (n_rays,), generator=gen)
