@@ -161,7 +161,7 @@ class SceneJob:
         """Scores every test view and writes the evaluation artifacts (module docstring)."""
         art = ctx.paths.artifacts
         art.mkdir(parents=True, exist_ok=True)
-        lpips, lpips_absent = lpips_metric(getattr(ctx.settings, "lpips_model", None))
+        lpips, lpips_absent = lpips_metric(ctx.settings.lpips_model)
         rows: list[dict] = []
         names: list[str] = []
         keep = ctx.config["n_test_renders"]
