@@ -154,7 +154,7 @@ class PathRequest(Intrinsics):
     def _one_path(self):
         given = [self.poses is not None, self.orbit is not None, self.camera_path is not None]
         if sum(given) != 1:
-            raise ValueError("give exactly one of poses, orbit or camera_path")
+            raise ValueError("give exactly one of poses or orbit, or a nerfstudio camera_path")
         if self.camera_path is not None:
             if self.frame is None:
                 raise ValueError(
