@@ -273,3 +273,19 @@ def test_wire_render_requests_resolve(dataset):
         }
     ).model_dump(exclude_none=True)
     assert len(R.path_cameras(poses, ds.meta)) == 2
+
+
+def test_nerfstudio_default_frame_is_centred_upright_and_unit():
+    """nerfstudio's default dataparser frame (orientation "up", centre "poses", auto scale): the
+    mean camera position at the origin, the mean camera up along +z, the largest coordinate 1."""
+    poses = np.stack([np.asarray(random_camera()[0]) for _ in range(12)])
+    poses[:, :3, 3] += np.array([5.0, -2.0, 7.0])
+    t, s = R.nerfstudio_transform(poses)
+    m = np.vstack([t, [0, 0, 0, 1]])
+    ns = m @ poses
+    ns[:, :3, 3] *= s
+    np.testing.assert_allclose(ns[:, :3, 3].mean(axis=0), 0, atol=1e-12)
+    up = ns[:, :3, 1].mean(axis=0)
+    np.testing.assert_allclose(up / np.linalg.norm(up), [0, 0, 1], atol=1e-9)
+    assert np.abs(ns[:, :3, 3]).max() == pytest.approx(1.0)
+    np.testing.assert_allclose(t[:, :3] @ t[:, :3].T, np.eye(3), atol=1e-12)

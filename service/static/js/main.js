@@ -144,7 +144,10 @@ function showJob(job) {
   // re-renders as each new one lands.
   const ckpt = job.progress && job.progress.checkpoint_step;
   if (job.kind !== "image" && job.status === "running" && ckpt != null) {
-    if (!detail.viewer) detail.viewer = makeViewer($("viewer"), job);
+    if (!detail.viewer) {
+      detail.viewer = makeViewer($("viewer"), job);
+      detail.preview = true;
+    }
     detail.viewer.checkpointLanded?.(ckpt);
   }
   document.querySelectorAll("#jobs tbody tr").forEach((tr) => tr.classList.toggle("selected", tr.dataset.id === job.id));
@@ -156,6 +159,11 @@ async function onFinished(id) {
   showJob(job);
   refreshList();
   if (job.status === "succeeded") {
+    if (detail.preview && job.kind === "splat") {
+      // the training preview gives way to the browser-drawn Gaussians
+      detail.viewer.dispose();
+      detail.viewer = null;
+    }
     if (!detail.viewer) {
       // splat jobs are drawn in the browser from their .splat export (server renders where the
       // browser has no WebGL2); other kinds by the server
