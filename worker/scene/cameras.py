@@ -192,17 +192,6 @@ def image_rays(
     return rays_from_pixels(c2w, intr, px, py, dist)
 
 
-def project_points(points: Tensorish, c2w: Tensorish, fx: float, fy: float, cx: float, cy: float):
-    """World points (N, 3) -> pixel coordinates (N, 2) and depth along the view axis (N,) (pinhole)."""
-    p = _t(points)
-    m = as_c2w(c2w)
-    local = (p - m[:3, 3]) @ m[:3, :3]  # R^T (p - t)
-    z = -local[:, 2]
-    u = cx + fx * local[:, 0] / z
-    v = cy - fy * local[:, 1] / z
-    return torch.stack([u, v], -1), z
-
-
 @dataclass
 class RenderCamera:
     """A pinhole camera in the normalised (training) frame: what renderers and the splat
