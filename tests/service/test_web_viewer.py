@@ -14,7 +14,9 @@ import json
 import math
 import time
 import uuid
+from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -73,8 +75,18 @@ def webp_animation(width: int, height: int, n: int) -> bytes:
     return buf.getvalue()
 
 
-@pytest.fixture
-def viewer_page(stack_factory):
+SUCCEEDED_STREAM = (
+    f"id: 1\nevent: status\ndata: {json.dumps({'status': 'succeeded'})}\n\n"
+    f"event: end\ndata: {json.dumps(JOB)}\n\n"
+)
+
+
+@contextmanager
+def viewer_session(
+    stack_factory, job: dict, stream: str, camera_path: dict | None = None, step: int = 100
+):
+    """The real page against an API-only stack; the job's routes answered by interception.
+    Renders answer with X-Checkpoint-Step: `step`, the newest checkpoint when they are asked."""
     api_only = stack_factory(queues=None)  # the page and the job list are real; no worker needed
     renders: list[dict] = []
     paths: list[dict] = []
@@ -87,12 +99,8 @@ def viewer_page(stack_factory):
         page = ctx.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
-        base = f"**/v1/jobs/{JOB_ID}"
-        page.route(base, lambda route: route.fulfill(json=JOB))
-        stream = (
-            f"id: 1\nevent: status\ndata: {json.dumps({'status': 'succeeded'})}\n\n"
-            f"event: end\ndata: {json.dumps(JOB)}\n\n"
-        )
+        base = f"**/v1/jobs/{job['id']}"
+        page.route(base, lambda route: route.fulfill(json=job))
         page.route(
             base + "/events*",
             lambda route: route.fulfill(body=stream, content_type="text/event-stream"),
@@ -105,6 +113,7 @@ def viewer_page(stack_factory):
             route.fulfill(
                 body=png(body["width"], body["height"], body.get("output", "rgb")),
                 content_type="image/png",
+                headers={"X-Checkpoint-Step": str(step)},
             )
 
         def on_path(route):
@@ -120,11 +129,19 @@ def viewer_page(stack_factory):
             base + "/checkpoint",
             lambda route: route.fulfill(body=b"\0" * 64, content_type="application/octet-stream"),
         )
+        if camera_path is not None:
+            page.route(base + "/camera_path", lambda route: route.fulfill(json=camera_path))
         try:
             yield page, renders, paths, errors
         finally:
             ctx.close()
             browser.close()
+
+
+@pytest.fixture
+def viewer_page(stack_factory):
+    with viewer_session(stack_factory, JOB, SUCCEEDED_STREAM) as session:
+        yield session
 
 
 def eye_of(req: dict) -> list[float]:
@@ -224,3 +241,39 @@ def test_orbit_viewer_requests(viewer_page):
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "web_orbit_viewer.png"), full_page=True)
     assert errors == []
+
+
+def test_a_running_scene_job_previews_and_refreshes_as_checkpoints_land(stack_factory):
+    """Progress events announce checkpoints; the viewer appears while the job runs, re-renders
+    when a newer one lands, shows the step it drew, and offers the training cameras."""
+    job = {
+        **JOB,
+        "status": "running",
+        "metrics": {},
+        "progress": {**JOB["progress"], "step": 40, "checkpoint_step": 20},
+    }
+    events = [("status", {"status": "running"})] + [
+        ("progress", {**job["progress"], "step": s, "checkpoint_step": c})
+        for s, c in ((25, 20), (30, 20), (40, 40))
+    ]
+    stream = "".join(
+        f"id: {i + 1}\nevent: {name}\ndata: {json.dumps(data)}\n\n"
+        for i, (name, data) in enumerate(events)
+    )
+    cameras = {"camera_path": [], "render_width": W, "render_height": H, "frame": "world"}
+    with viewer_session(stack_factory, job, stream, camera_path=cameras, step=40) as session:
+        page, renders, _, errors = session
+        page.goto(f"/#job={JOB_ID}")
+        page.wait_for_selector("#d-status.running")
+        wait_still(page, renders, W)
+        page.wait_for_function(
+            "() => document.querySelector('#hud').textContent.includes('step 40')"
+        )
+        # one frame for the first checkpoint seen, one more for the checkpoint that landed after
+        full = [r for r in renders if r["width"] == W]
+        assert len(full) == 2, [r["width"] for r in renders]
+        with page.expect_download() as download:
+            page.click("#training-cameras")
+        assert download.value.suggested_filename == f"{JOB_ID}-camera_path.json"
+        assert json.loads(Path(download.value.path()).read_text()) == cameras
+        assert not errors, errors
