@@ -2,7 +2,8 @@
 
 Conventions (docs/architecture.md): c2w is camera-to-world, OpenGL axes (x right, y up, the camera
 looks down -z); pixel (i, j) has its centre at (i + 0.5, j + 0.5), j counting rows from the top;
-distortion is OpenCV's (k1, k2, k3, p1, p2) on normalised coordinates with y pointing down.
+distortion is OpenCV's (k1, k2, k3, p1, p2), or for OPENCV_FISHEYE frames the equidistant k1..k4,
+on normalised coordinates with y pointing down.
 Poses in requests are in the dataset's world frame; `normalize_pose` maps them into the frame the
 scene was trained in, with the `normalization` stored in dataset/cameras.json.
 """
@@ -137,16 +138,55 @@ def undistort(xd: torch.Tensor, yd: torch.Tensor, dist: torch.Tensor, iters: int
     return x, y
 
 
+def fisheye_distort(x: torch.Tensor, y: torch.Tensor, k: torch.Tensor):
+    """OpenCV fisheye (Kannala-Brandt equidistant) distortion of normalised pinhole (x, y)
+    (y down): theta_d = theta (1 + k1 theta^2 + k2 theta^4 + k3 theta^6 + k4 theta^8).
+
+    Args: x, y (...,); k (..., 4) = k1..k4. Returns distorted (xd, yd), each (...,).
+    """
+    k1, k2, k3, k4 = k.unbind(-1)
+    r = torch.sqrt(x * x + y * y)
+    theta = torch.atan(r)
+    t2 = theta * theta
+    theta_d = theta * (1 + t2 * (k1 + t2 * (k2 + t2 * (k3 + t2 * k4))))
+    s = torch.where(r > 1e-12, theta_d / r.clamp_min(1e-12), torch.ones_like(r))
+    return x * s, y * s
+
+
+def fisheye_directions(xd: torch.Tensor, yd: torch.Tensor, k: torch.Tensor, iters: int = 12):
+    """Inverse of `fisheye_distort` as camera-frame directions, so rays past 90 degrees off axis
+    stay finite: theta from theta_d by Newton's method (as OpenCV's fisheye::undistortPoints).
+
+    Args: xd, yd (...,) distorted normalised coordinates (y down); k (..., 4) = k1..k4.
+    Returns (x, y, z) (...,) each: a unit direction, y down, z along the optical axis.
+    """
+    k1, k2, k3, k4 = k.unbind(-1)
+    theta_d = torch.sqrt(xd * xd + yd * yd)
+    theta = theta_d.clone()
+    for _ in range(iters):
+        t2 = theta * theta
+        f = theta * (1 + t2 * (k1 + t2 * (k2 + t2 * (k3 + t2 * k4)))) - theta_d
+        df = 1 + t2 * (3 * k1 + t2 * (5 * k2 + t2 * (7 * k3 + t2 * 9 * k4)))
+        theta = theta - f / df
+    theta = theta.clamp(0, math.pi)
+    s = torch.where(
+        theta_d > 1e-12, torch.sin(theta) / theta_d.clamp_min(1e-12), torch.ones_like(theta)
+    )
+    return xd * s, yd * s, torch.cos(theta)
+
+
 def rays_from_pixels(
     c2w: torch.Tensor,
     intrinsics: torch.Tensor,
     px: torch.Tensor,
     py: torch.Tensor,
     distortion: torch.Tensor | None = None,
+    fisheye: torch.Tensor | None = None,
 ):
     """Rays through pixel coordinates (px, py) (pixel centres are integer + 0.5).
 
-    c2w (N, 3|4, 4), intrinsics (N, 4) = fx, fy, cx, cy, px/py (N,), distortion (N, 5) or None;
+    c2w (N, 3|4, 4), intrinsics (N, 4) = fx, fy, cx, cy, px/py (N,), distortion (N, 5) or None:
+    OpenCV k1, k2, k3, p1, p2, or where `fisheye` (N,) bool is set, fisheye k1..k4 and a 0;
     everything broadcastable over N. Returns float32 origins (N, 3) and unit directions (N, 3).
     """
     c2w = c2w.to(torch.float32)
@@ -154,9 +194,17 @@ def rays_from_pixels(
     fx, fy, cx, cy = intrinsics.unbind(-1)
     x = (px.to(torch.float32) - cx) / fx
     y = (py.to(torch.float32) - cy) / fy  # OpenCV: y down
+    z = torch.ones_like(x)
     if distortion is not None:
-        x, y = undistort(x, y, distortion.to(torch.float32))
-    d_cam = torch.stack([x, -y, -torch.ones_like(x)], -1)  # to OpenGL: y up, looking down -z
+        dist = distortion.to(torch.float32)
+        if fisheye is None or not bool(fisheye.any()):
+            x, y = undistort(x, y, dist)
+        else:
+            fe = fisheye.to(torch.bool)
+            ux, uy = undistort(x, y, torch.where(fe[..., None], torch.zeros_like(dist), dist))
+            fx_, fy_, fz_ = fisheye_directions(x, y, dist[..., :4])
+            x, y, z = torch.where(fe, fx_, ux), torch.where(fe, fy_, uy), torch.where(fe, fz_, z)
+    d_cam = torch.stack([x, -y, -z], -1)  # to OpenGL: y up, looking down -z
     d = torch.einsum("...ij,...j->...i", c2w[..., :3, :3], d_cam)
     d = d / d.norm(dim=-1, keepdim=True)
     o = c2w[..., :3, 3].expand_as(d)
@@ -183,13 +231,15 @@ def image_rays(
     height: int,
     distortion: Tensorish | None = None,
     device=None,
+    fisheye: bool = False,
 ):
     """All rays of one image, (H*W, 3) origins and unit directions, row-major."""
     px, py = pixel_grid(width, height, device)
     c2w = as_c2w(c2w).to(device)
     intr = torch.tensor([fx, fy, cx, cy], device=device)
     dist = None if distortion is None else _t(distortion, torch.float32).to(device)
-    return rays_from_pixels(c2w, intr, px, py, dist)
+    fe = torch.tensor(fisheye, device=device) if fisheye else None
+    return rays_from_pixels(c2w, intr, px, py, dist, fe)
 
 
 @dataclass

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from core.scene_format import CAMERAS_FILE, DISTORTION_KEYS
+from core.scene_format import CAMERAS_FILE, DISTORTION_KEYS, FISHEYE, FISHEYE_KEYS
 from worker.scene.cameras import image_rays, rays_from_pixels
 
 
@@ -35,12 +35,14 @@ class Frame:
     split: str
     distortion: dict[str, float]
     source: str | None = None  # the photo's name in the upload
+    fisheye: bool = False  # `distortion` holds OPENCV_FISHEYE's k1..k4
+    mask: str | None = None  # 8-bit PNG, 0 = never trains
 
 
 def _frame(d: dict[str, Any]) -> Frame:
-    dist = {
-        k: float(v) for k, v in (d.get("distortion") or {}).items() if k in DISTORTION_KEYS and v
-    }
+    fisheye = d.get("camera_model") == FISHEYE
+    keys = FISHEYE_KEYS if fisheye else DISTORTION_KEYS
+    dist = {k: float(v) for k, v in (d.get("distortion") or {}).items() if k in keys and v}
     return Frame(
         d["file"],
         np.asarray(d["c2w"], dtype=np.float64),
@@ -53,6 +55,8 @@ def _frame(d: dict[str, Any]) -> Frame:
         d.get("split", "train"),
         dist,
         d.get("source"),
+        fisheye,
+        d.get("mask"),
     )
 
 
@@ -115,12 +119,28 @@ class Dataset:
         self.pixels = torch.from_numpy(np.concatenate([im.reshape(-1, 4) for im in images]))
         self.distortion = (
             torch.tensor(
-                [[f.distortion.get(k, 0.0) for k in DISTORTION_KEYS] for f in self.frames],
+                [
+                    [
+                        f.distortion.get(k, 0.0)
+                        for k in (FISHEYE_KEYS if f.fisheye else DISTORTION_KEYS)
+                    ]
+                    + [0.0] * f.fisheye
+                    for f in self.frames
+                ],
                 dtype=torch.float32,
             )
             if any(f.distortion for f in self.frames)
             else None
         )
+        fisheye = torch.tensor([f.fisheye for f in self.frames])
+        self.fisheye = fisheye if bool(fisheye.any()) else None
+        # Masked pixels are never drawn by `sample` (nerfstudio's mask_path, ngp's dynamic masks).
+        self.keep = (
+            torch.from_numpy(np.concatenate([self._mask(f).reshape(-1) for f in self.frames]))
+            if any(f.mask for f in self.frames)
+            else None
+        )
+        self.keep_share = 1.0 if self.keep is None else float(self.keep.float().mean())
 
     def __len__(self) -> int:
         return len(self.frames)
@@ -141,19 +161,50 @@ class Dataset:
         w = self.widths[img]
         py, px = (local // w).float() + 0.5, (local % w).float() + 0.5
         dist = None if self.distortion is None else self.distortion[img]
-        o, d = rays_from_pixels(self.c2w[img], self.intrinsics[img], px, py, dist)
+        fe = None if self.fisheye is None else self.fisheye[img]
+        o, d = rays_from_pixels(self.c2w[img], self.intrinsics[img], px, py, dist, fe)
         rgba = self.pixels[idx].float() / 255.0
         return o, d, rgba
 
+    def _mask(self, f: Frame) -> np.ndarray:
+        """(H, W) bool: the pixels of frame f that train."""
+        if not f.mask:
+            return np.ones((f.h, f.w), bool)
+        with Image.open(self.dir / f.mask) as im:
+            m = np.asarray(im.convert("L")) > 0
+        if m.shape != (f.h, f.w):
+            raise ValueError(
+                f"{f.mask} is {m.shape[1]}x{m.shape[0]}, cameras.json says {f.w}x{f.h}"
+            )
+        return m
+
+    def frame_mask(self, i: int) -> torch.Tensor | None:
+        """(H, W) bool of frame i's training pixels, None when all train."""
+        if self.keep is None or not self.frames[i].mask:
+            return None
+        f = self.frames[i]
+        return self.keep[self.starts[i] : self.starts[i + 1]].reshape(f.h, f.w)
+
     def sample(self, n: int, generator: torch.Generator | None = None):
-        idx = torch.randint(0, self.n_pixels, (n,), generator=generator)
+        """n training rays drawn uniformly over the unmasked pixels of every image."""
+        if self.keep is None:
+            idx = torch.randint(0, self.n_pixels, (n,), generator=generator)
+        else:  # rejection: draw enough candidates for n kept ones, again while short
+            found, have = [], 0
+            while have < n:
+                m = int((n - have) / self.keep_share * 1.2) + 16
+                cand = torch.randint(0, self.n_pixels, (m,), generator=generator)
+                cand = cand[self.keep[cand]]
+                found.append(cand)
+                have += len(cand)
+            idx = torch.cat(found)[:n]
         return self.rays_of(idx)
 
     def frame_rays(self, i: int):
         """All rays of frame i, (H*W, 3) origins and unit directions, row-major like frame_rgba."""
         f = self.frames[i]
         dist = None if self.distortion is None else self.distortion[i]
-        return image_rays(self.c2w[i], f.fx, f.fy, f.cx, f.cy, f.w, f.h, dist)
+        return image_rays(self.c2w[i], f.fx, f.fy, f.cx, f.cy, f.w, f.h, dist, fisheye=f.fisheye)
 
     def frame_rgba(self, i: int) -> torch.Tensor:
         """(H, W, 4) float straight-alpha RGBA of frame i."""

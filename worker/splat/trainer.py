@@ -46,15 +46,17 @@ class TrainImages:
     """Training frames as float RGBA tensors, downscaled once to the training width if asked."""
 
     def __init__(self, data: Dataset, width: int | None):
-        self.cams, self.rgba = [], []
+        self.cams, self.rgba, self.keep = [], [], []
         for i, f in enumerate(data.frames):
-            img = data.frame_rgba(i)
+            img, keep = data.frame_rgba(i), data.frame_mask(i)
             s = 1.0 if not width or width >= f.w else width / f.w
             w, h = max(1, round(f.w * s)), max(1, round(f.h * s))
             if (w, h) != (f.w, f.h):
                 img = F.interpolate(img.permute(2, 0, 1)[None], size=(h, w), mode="area")[
                     0
                 ].permute(1, 2, 0)
+                if keep is not None:
+                    keep = F.interpolate(keep[None, None].float(), size=(h, w))[0, 0] > 0.5
             sx, sy = w / f.w, h / f.h
             self.cams.append(
                 RenderCamera(
@@ -68,6 +70,7 @@ class TrainImages:
                 )
             )
             self.rgba.append(img.contiguous())
+            self.keep.append(keep)
 
     def __len__(self):
         return len(self.cams)
@@ -224,6 +227,9 @@ class SplatTrainer:
         bg = self._background()
         target = composite_background(self.images.rgba[i].to(self.device), bg)
         out = gm.render(self.params, cam, bg, self.active_degree(), c["method"])
+        keep = self.images.keep[i]
+        if keep is not None:  # masked pixels take the render's own colour: no gradient from them
+            target = torch.where(keep.to(self.device)[..., None], target, out.rgb.detach())
         l1 = (out.rgb - target).abs().mean()
         loss = (1 - c["lambda_dssim"]) * l1 + c["lambda_dssim"] * (1 - ssim(out.rgb, target))
         self.opt.zero_grad(set_to_none=True)
