@@ -85,3 +85,23 @@ def test_stale_lock_of_a_killed_builder_does_not_block(cpu_ext):
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == cpu_ext.__file__
+
+
+def test_cuda_arch_list_becomes_gencode_flags(monkeypatch):
+    from kernels import _ext
+
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
+    assert _ext.cuda_arch_flags() == [
+        "-gencode=arch=compute_80,code=sm_80",
+        "-gencode=arch=compute_90,code=sm_90",
+        "-gencode=arch=compute_90,code=compute_90",
+    ]
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "sm80")
+    with pytest.raises(_ext.KernelBuildError, match="sm80"):
+        _ext.cuda_arch_flags()
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(_ext.KernelBuildError, match="TORCH_CUDA_ARCH_LIST"):
+            _ext.cuda_arch_flags()
