@@ -89,8 +89,9 @@ uniform highp usampler2D u_data;
 uniform mat4 u_view;
 uniform vec4 u_intr;   // fx, fy, cx, cy
 uniform vec2 u_size;   // width, height (pixels)
-in vec2 a_corner;
 in uint a_index;
+const vec2 CORNERS[6] = vec2[6](vec2(-1.0, -1.0), vec2(1.0, -1.0), vec2(-1.0, 1.0),
+                                vec2(-1.0, 1.0), vec2(1.0, -1.0), vec2(1.0, 1.0));
 out vec4 v_color;
 out vec3 v_conic;
 out vec2 v_d;
@@ -121,7 +122,7 @@ void main() {
   float det = a * c - b * b;
   if (det <= 0.0) return;
   vec2 mean = vec2(fx * p.x / p.z + u_intr.z, fy * p.y / p.z + u_intr.w);
-  v_d = a_corner * sqrt(q * vec2(a, c));
+  v_d = CORNERS[gl_VertexID % 6] * sqrt(q * vec2(a, c));
   vec2 pix = mean + v_d;
   gl_Position = vec4(2.0 * pix.x / u_size.x - 1.0, 1.0 - 2.0 * pix.y / u_size.y, 0.0, 1.0);
   v_conic = vec3(c / det, -b / det, a / det);
@@ -168,18 +169,11 @@ export class SplatRenderer {
     this.loc = Object.fromEntries(["u_data", "u_view", "u_intr", "u_size"].map((k) => [k, gl.getUniformLocation(prog, k)]));
     this.vao = gl.createVertexArray();
     gl.bindVertexArray(this.vao);
-    const quad = gl.createBuffer();
-    gl.bindBuffer(gl.ARRAY_BUFFER, quad);
-    gl.bufferData(gl.ARRAY_BUFFER, new Float32Array([-1, -1, 1, -1, -1, 1, 1, 1]), gl.STATIC_DRAW);
-    const aCorner = gl.getAttribLocation(prog, "a_corner");
-    gl.enableVertexAttribArray(aCorner);
-    gl.vertexAttribPointer(aCorner, 2, gl.FLOAT, false, 0, 0);
     this.indexBuf = gl.createBuffer();
     gl.bindBuffer(gl.ARRAY_BUFFER, this.indexBuf);
     const aIndex = gl.getAttribLocation(prog, "a_index");
     gl.enableVertexAttribArray(aIndex);
     gl.vertexAttribIPointer(aIndex, 1, gl.UNSIGNED_INT, 0, 0);
-    gl.vertexAttribDivisor(aIndex, 1);
     this.tex = gl.createTexture();
     this.n = 0;
     this.frames = 0;
@@ -205,12 +199,15 @@ export class SplatRenderer {
     this.n = n;
     this.pos = pos;
     this.order = new Uint32Array(n);
+    this.six = new Uint32Array(6 * n);
     this.depthKeys = new Float32Array(n);
     this.counts = new Uint32Array(65537);
   }
 
   // Far to near by depth along the view axis: a counting sort on 16-bit keys (O(n) per frame,
-  // as antimatter15/splat's worker does).
+  // as antimatter15/splat's worker does). Each splat is drawn as two triangles of its own
+  // (six vertices carrying its index) rather than instanced: software WebGL (SwiftShader, what
+  // headless and GPU-less browsers use) pays per instance far more than per vertex.
   sort(view) {
     const { n, pos, depthKeys: z, counts, order } = this;
     let lo = Infinity, hi = -Infinity;
@@ -229,9 +226,14 @@ export class SplatRenderer {
     }
     for (let k = 1; k <= 65536; k++) counts[k] += counts[k - 1];
     for (let i = 0; i < n; i++) order[counts[keys[i]]++] = i;
+    const six = this.six;
+    for (let k = 0, o = 0; k < n; k++, o += 6) {
+      const v = order[k];
+      six[o] = v; six[o + 1] = v; six[o + 2] = v; six[o + 3] = v; six[o + 4] = v; six[o + 5] = v;
+    }
     const gl = this.gl;
     gl.bindBuffer(gl.ARRAY_BUFFER, this.indexBuf);
-    gl.bufferData(gl.ARRAY_BUFFER, order, gl.DYNAMIC_DRAW);
+    gl.bufferData(gl.ARRAY_BUFFER, six, gl.DYNAMIC_DRAW);
   }
 
   // cam: {c2w (4x4 rows, world frame, OpenGL axes), fx, fy, cx, cy, width, height, background}
@@ -259,7 +261,7 @@ export class SplatRenderer {
     gl.disable(gl.DEPTH_TEST);
     gl.enable(gl.BLEND);
     gl.blendFunc(gl.ONE, gl.ONE_MINUS_SRC_ALPHA); // premultiplied, back to front
-    gl.drawArraysInstanced(gl.TRIANGLE_STRIP, 0, 4, this.n);
+    gl.drawArrays(gl.TRIANGLES, 0, 6 * this.n);
     this.frames += 1;
   }
 
