@@ -16,6 +16,7 @@ from PIL import Image
 
 from core.settings import Settings
 from experiments.synthetic_scene import scene_files
+from service.intake import IntakeError
 from service.intake.splat import validate_upload as splat_upload
 from tests.service.test_nerf_intake import (
     GL_TO_CV,
@@ -141,6 +142,10 @@ def test_fisheye_round_trip_colmap_and_transforms(tmp_path, blender):
             assert fr["camera_model"] == "OPENCV_FISHEYE"
             assert fr["distortion"] == pytest.approx(K)
     assert_same_cameras(a, ja, b, jb)
+    with pytest.raises(IntakeError) as e:
+        splat_intake(tmp_path, zip_bytes(files))
+    assert e.value.status_code == 422 and "OPENCV_FISHEYE" in e.value.detail
+    assert not (tmp_path / "splat-job" / "dataset").exists()
 
 
 def test_distortion_keys_must_match_the_model(tmp_path, blender):
