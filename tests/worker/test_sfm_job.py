@@ -118,8 +118,9 @@ def test_photos_without_poses_register_and_train_like_posed(stack, capture, jobs
 
     posed = _held_out_psnr(stack, jobs["posed"]["id"], capture)
     unposed = _held_out_psnr(stack, job["id"], capture, sim)
-    # The floor (an all-black render) is ~11 dB; both must have learned the scene.
-    assert posed > 15, posed
+    # Both must have learned the scene: well above an all-black render.
+    floor = float(np.mean([psnr(np.zeros(g.shape), g) for g in capture.test_rgb]))
+    assert posed > floor + 3, (posed, floor)
     assert unposed > posed - PSNR_GAP_DB, (unposed, posed)
 
 
