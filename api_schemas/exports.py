@@ -59,6 +59,7 @@ class ExportOptions(BaseModel):
     threshold: float | None = Field(
         None,
         gt=0,
+        allow_inf_nan=False,
         description=f"mesh: the density level set extracted, in 1/normalised length (default "
         f"{DEFAULT_THRESHOLD})",
     )

@@ -155,6 +155,12 @@ def test_bad_requests(stack, trained):
         r = stack.client.post(url, json=body)
         assert r.status_code == 422, (body, r.text)
         assert isinstance(r.json()["detail"], str) and word in r.json()["detail"], (body, r.text)
+    r = stack.client.post(  # Python's json module reads this; the schema must refuse it
+        url,
+        content=b'{"format": "glb", "options": {"threshold": Infinity}}',
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 422 and "threshold" in r.json()["detail"], r.text
     assert stack.client.get(url).json()["items"] == before  # nothing was started
 
     # a job still training has nothing to export yet
