@@ -25,6 +25,7 @@ from tests.service.test_nerf_intake import (
     frames_of,
     refused,
     run_intake,
+    to_colmap,
     to_ngp,
     zip_bytes,
 )
@@ -104,6 +105,11 @@ def test_colmap_binary_model_gives_the_blender_cameras_and_keeps_points(tmp_path
     _, summary, cams, job = run_intake(tmp_path / "b", zip_bytes(colmap_binary(blender)))
     assert cams["source_format"] == "colmap" and summary["n_train"] + summary["n_test"] == 15
     assert_same_cameras(ref, ref_job, cams, job)
+    # Models without sparse points (text or binary) are posed captures all the same.
+    for n, files in enumerate((colmap_binary(blender), to_colmap(blender))):
+        files = {k: v for k, v in files.items() if not k.startswith("sparse/0/points3D")}
+        _, _, cams, job = run_intake(tmp_path / f"c{n}", zip_bytes(files))
+        assert_same_cameras(ref, ref_job, cams, job)
     _, splat_summary = splat_intake(tmp_path, zip_bytes(colmap_binary(blender, n_points=7)))
     assert splat_summary["n_points3d"] == 7
     lines = (tmp_path / "splat-job" / "dataset" / "points3D.txt").read_text().splitlines()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -50,6 +51,15 @@ def read_model(model_dir: Path, work_dir: Path, where: str) -> ColmapModel:
     """Read the model in `model_dir` (files of one kind: *.txt or *.bin); `work_dir` receives the
     child's output and is removed by the caller. IntakeError names `where` on failure."""
     work_dir.mkdir(parents=True, exist_ok=True)
+    ext = "bin" if (model_dir / "cameras.bin").is_file() else "txt"
+    if not (model_dir / f"points3D.{ext}").is_file():
+        # pycolmap wants all three files; a model without sparse points is still a posed capture.
+        copy = work_dir / "model"
+        copy.mkdir()
+        for name in ("cameras", "images"):
+            shutil.copyfile(model_dir / f"{name}.{ext}", copy / f"{name}.{ext}")
+        (copy / f"points3D.{ext}").write_bytes(b"\0" * 8 if ext == "bin" else b"")
+        model_dir = copy
     pkg_root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": str(pkg_root)}
     try:
