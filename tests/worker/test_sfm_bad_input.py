@@ -1,10 +1,12 @@
-"""Captures SfM cannot use, through the real API and a real preprocess worker: what the API can
-tell cheaply is a 4xx that leaves no job behind; what only SfM finds out fails the job with a
-readable reason, never leaving it stuck, and leaves nothing outside the job's folder."""
+"""Captures through the real API and a real preprocess worker alone (no training). Those SfM
+cannot use: what the API can tell cheaply is a 4xx that leaves no job behind; what only SfM finds
+out fails the job with a readable reason, never leaving it stuck, and leaves nothing outside the
+job's folder. Cancelling stops SfM. A splat job's lens distortion is undistorted away."""
 
 from __future__ import annotations
 
 import io
+import json
 import zipfile
 
 import numpy as np
@@ -20,8 +22,13 @@ SIZE = 200
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     # No train worker: these jobs must end in the SfM stage. The share is not the default, so
-    # the failure message shows the setting in force.
-    env = {"SFM_THREADS": "2", "SFM_MIN_REGISTERED_SHARE": "0.6"}
+    # the failure message shows the setting in force; OPENCV cameras even for small images, so
+    # splat jobs have distortion to undistort.
+    env = {
+        "SFM_THREADS": "2",
+        "SFM_MIN_REGISTERED_SHARE": "0.6",
+        "SFM_CAMERA_MODEL": "OPENCV",
+    }
     with stack_maker(tmp_path_factory) as make:
         yield make("preprocess", env=env)
 
@@ -108,9 +115,13 @@ def test_noise_and_textureless_photos_fail_with_the_registered_share(stack):
         assert not left & {"sfm", "dataset", "dataset.partial"}, left
 
 
-def test_cancel_stops_sfm(stack):
-    cap = make_capture(24, SIZE, n_test=1)
-    r = stack.submit(cap.photos_zip(), "photos.zip", kind="nerf")
+@pytest.fixture(scope="module")
+def capture():
+    return make_capture(24, SIZE, n_test=1)
+
+
+def test_cancel_stops_sfm(stack, capture):
+    r = stack.submit(capture.photos_zip(), "photos.zip", kind="nerf")
     assert r.status_code == 202, r.text
     job_id = r.json()["id"]
     stack.wait_for(job_id, lambda j: j["progress"]["stage"] == "sfm", 60, "sfm stage")
@@ -122,6 +133,29 @@ def test_cancel_stops_sfm(stack):
         job_id, lambda j: not (stack.job_dir(job_id) / "sfm").exists(), 15, "sfm folder removed"
     )
     assert not (stack.job_dir(job_id) / "dataset").exists()
+
+
+def test_splat_gets_undistorted_pinhole_cameras(stack, capture):
+    """3DGS rasterises pinhole cameras: COLMAP's undistorter resamples the photos of a splat job
+    (a nerf job keeps the distortion and bends its rays)."""
+    r = stack.submit(capture.photos_zip(), "photos.zip", kind="splat", config={"init": "points3d"})
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    job = stack.wait_for(
+        job_id, lambda j: j["dataset"].get("sfm") == "done" or j["status"] == "failed", 180
+    )
+    ds = job["dataset"]
+    assert ds["camera_model"] == "OPENCV" and ds.get("undistorted") is True, ds
+    meta = json.loads((stack.job_dir(job_id) / "dataset" / "cameras.json").read_text())
+    assert len(meta["frames"]) == ds["n_registered"] >= 0.9 * 24
+    assert not any(f.get("distortion") for f in meta["frames"]), meta["frames"][0]
+    assert meta.get("n_points3d", 0) > 100
+    tf = stack.client.get(f"/v1/jobs/{job_id}/artifacts/transforms.json").json()
+    assert all(tf.get(k, 0.0) == 0.0 for k in ("k1", "k2", "p1", "p2")), tf
+    for f in meta["frames"][:3]:
+        with Image.open(stack.job_dir(job_id) / "dataset" / f["file"]) as im:
+            assert im.size == (f["w"], f["h"])
+    assert stack.client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
 
 
 def test_make_run_serves_the_preprocess_queue():

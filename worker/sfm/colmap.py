@@ -60,7 +60,58 @@ class SfmResult:
     points_rgb: np.ndarray  # (N, 3) uint8
     n_models: int
     mean_keypoints: float
+    model_dir: Path | None = None  # the largest model, COLMAP binary
     seconds: dict[str, float] = field(default_factory=dict)
+
+
+def read_model(rec) -> tuple[list[Registered], np.ndarray, np.ndarray]:
+    """Registered images (sorted by name) and sparse points of a pycolmap Reconstruction."""
+    registered: list[Registered] = []
+    xyz = np.zeros((0, 3))
+    rgb = np.zeros((0, 3), np.uint8)
+    if rec is None:
+        return registered, xyz, rgb
+    for img in rec.images.values():
+        if not img.has_pose:
+            continue
+        cam = rec.cameras[img.camera_id]
+        registered.append(
+            Registered(
+                name=img.name,
+                world_from_cam=img.cam_from_world().inverse().matrix(),
+                model=cam.model.name,
+                width=int(cam.width),
+                height=int(cam.height),
+                params_info=cam.params_info,
+                params=[float(v) for v in cam.params],
+            )
+        )
+    pts = list(rec.points3D.values())
+    if pts:
+        xyz = np.array([p.xyz for p in pts], dtype=np.float64)
+        rgb = np.array([p.color for p in pts], dtype=np.uint8)
+    registered.sort(key=lambda r: r.name)
+    return registered, xyz, rgb
+
+
+def undistort(result: SfmResult, image_dir: Path, out_dir: Path) -> tuple[SfmResult, Path]:
+    """The registered images resampled to PINHOLE cameras by COLMAP's undistorter (for
+    rasterisers that take no lens distortion); returns the result over them and their folder."""
+    import pycolmap
+
+    pycolmap.undistort_images(out_dir, result.model_dir, image_dir, output_type="COLMAP")
+    registered, xyz, rgb = read_model(pycolmap.Reconstruction(out_dir / "sparse"))
+    out = SfmResult(
+        n_images=result.n_images,
+        registered=registered,
+        points_xyz=xyz,
+        points_rgb=rgb,
+        n_models=result.n_models,
+        mean_keypoints=result.mean_keypoints,
+        seconds=result.seconds,
+        model_dir=out_dir / "sparse",
+    )
+    return out, out_dir / "images"
 
 
 def _threads(n: int) -> int:
@@ -203,30 +254,12 @@ def _run_sfm(image_dir, names, work_dir, opts, progress, cancelled, start_pct) -
         seconds["map"] = time.perf_counter() - t0
 
     best = max(models.values(), key=lambda r: r.num_reg_images(), default=None)
-    registered: list[Registered] = []
-    xyz = np.zeros((0, 3))
-    rgb = np.zeros((0, 3), np.uint8)
+    model_dir = None
     if best is not None:
-        for img in best.images.values():
-            if not img.has_pose:
-                continue
-            cam = best.cameras[img.camera_id]
-            registered.append(
-                Registered(
-                    name=img.name,
-                    world_from_cam=img.cam_from_world().inverse().matrix(),
-                    model=cam.model.name,
-                    width=int(cam.width),
-                    height=int(cam.height),
-                    params_info=cam.params_info,
-                    params=[float(v) for v in cam.params],
-                )
-            )
-        pts = list(best.points3D.values())
-        if pts:
-            xyz = np.array([p.xyz for p in pts], dtype=np.float64)
-            rgb = np.array([p.color for p in pts], dtype=np.uint8)
-    registered.sort(key=lambda r: r.name)
+        model_dir = work_dir / "model"
+        model_dir.mkdir(exist_ok=True)
+        best.write(model_dir)
+    registered, xyz, rgb = read_model(best)
     report(100.0)
     return SfmResult(
         n_images=len(names),
@@ -234,6 +267,7 @@ def _run_sfm(image_dir, names, work_dir, opts, progress, cancelled, start_pct) -
         points_xyz=xyz,
         points_rgb=rgb,
         n_models=len(models),
+        model_dir=model_dir,
         mean_keypoints=mean_kp,
         seconds=seconds,
     )

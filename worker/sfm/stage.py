@@ -3,7 +3,8 @@
 The API leaves the capture in `<job>/capture/` (`capture.json` plus `images/` or the video
 file). This stage runs on the `preprocess` queue, works in `<job>/sfm/` (removed afterwards),
 writes `<job>/dataset/` through core.scene_build exactly as a posed upload would be written
-(plus SfM's sparse points as `points3D.txt`, which seed splats), and puts a nerfstudio-layout
+(plus SfM's sparse points as `points3D.txt`, which seed splats; splat jobs get undistorted
+pinhole images, nerf jobs keep the lens distortion), and puts a nerfstudio-layout
 `transforms.json` with the recovered cameras among the job's artifacts. The task then hands the
 job to the train queue: one upload, one job.
 """
@@ -14,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,9 @@ CAPTURE_DIR, MANIFEST, WORK_DIR = "capture", "capture.json", "sfm"
 TRANSFORMS_ARTIFACT = "transforms.json"
 VIDEO_END_PCT = 15  # share of the stage's progress spent decoding a video
 UNREGISTERED_LISTED = 20
+# Kinds whose rasteriser takes pinhole cameras only: their images are undistorted by COLMAP
+# (as the 3DGS reference does); nerf keeps the distortion and bends its rays instead.
+PINHOLE_ONLY_KINDS = ("splat",)
 CAPTURE_HINT = "SfM needs overlapping views of a textured, static scene; see docs/capture.md"
 
 
@@ -110,7 +115,7 @@ def run(job, paths, settings, progress, cancelled) -> dict[str, Any]:
     to merge into job.dataset. Raises StageError (readable) or SfmCancelled."""
     from core.scene_build import SceneFrame, write_scene
     from worker.sfm.camera import choose_model, intrinsics
-    from worker.sfm.colmap import SfmOptions, run_sfm
+    from worker.sfm.colmap import SfmOptions, run_sfm, undistort
     from worker.sfm.video import VideoError, extract_frames
 
     cap = read_capture(paths)
@@ -181,13 +186,22 @@ def run(job, paths, settings, progress, cancelled) -> dict[str, Any]:
                 f"(SFM_MIN_REGISTERED_SHARE) and {MIN_TRAIN_VIEWS + 1} images must register. "
                 f"{CAPTURE_HINT}"
             )
+        image_dir = cap.image_dir
+        kind = getattr(job.kind, "value", job.kind)
+        if kind in PINHOLE_ONLY_KINDS and any(
+            intrinsics(r.model, r.params_info, r.params)["distortion"] for r in result.registered
+        ):
+            t0 = time.perf_counter()
+            result, image_dir = undistort(result, cap.image_dir, work / "undistorted")
+            summary["undistorted"] = True
+            summary["sfm_s"] = round(summary["sfm_s"] + time.perf_counter() - t0, 2)
         display = dict(zip(cap.files, cap.names))
         scene = []
         for r in result.registered:
             k = intrinsics(r.model, r.params_info, r.params)
             scene.append(
                 SceneFrame(
-                    image=cap.image_dir / r.name,
+                    image=image_dir / r.name,
                     c2w=r.world_from_cam,
                     axes="opencv",
                     fx=k["fx"],
