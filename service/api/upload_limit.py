@@ -5,8 +5,13 @@ MAX_UPLOAD_MB, every other /v1 body MAX_JSON_BODY_KB."""
 from __future__ import annotations
 
 import json
+import re
 
 UPLOAD_PATHS = {("POST", "/v1/jobs")}
+# A camera path carries up to 720 poses, and nerfstudio's camera_path.json writes about 0.5 KB a
+# frame (keyframes included): the path route gets room for that much, whatever MAX_JSON_BODY_KB.
+PATH_ROUTE = re.compile(r"^/v1/jobs/[^/]+/render(/|_)path$")
+PATH_BODY_BYTES = 1 << 20
 # Multipart framing adds a little over the file itself.
 MULTIPART_SLACK = 64 * 1024
 
@@ -89,6 +94,9 @@ def body_limit_for(scope, settings) -> BodyLimit:
             settings.max_upload_bytes + MULTIPART_SLACK,
             f"upload exceeds the limit of {settings.max_upload_bytes} bytes (MAX_UPLOAD_MB)",
         )
+    if scope["method"] == "POST" and PATH_ROUTE.match(scope["path"].rstrip("/")):
+        limit = max(settings.max_json_body_bytes, PATH_BODY_BYTES)
+        return BodyLimit(limit, f"camera path body exceeds the limit of {limit} bytes")
     return BodyLimit(
         settings.max_json_body_bytes,
         f"request body exceeds the limit of {settings.max_json_body_bytes} bytes "
