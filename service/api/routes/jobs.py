@@ -99,7 +99,8 @@ UPLOAD_BODY = {
                         "dataset": {
                             "type": "string",
                             "format": "binary",
-                            "description": "image: a PNG or JPEG; nerf: an archive",
+                            "description": "image: a PNG or JPEG; nerf, splat: an archive of posed "
+                            "or plain photos, or a video (mp4, mov, webm)",
                         },
                         "config": {
                             "type": "string",
