@@ -68,3 +68,8 @@ def background_baseline(scene: dict) -> float:
     return float(
         np.mean([psnr(np.ones_like(on_white(g)), on_white(g)) for g in scene["test_rgba"]])
     )
+
+
+def render_path(stack, job_id: str, **body):
+    """POST /render/path with `body` as the JSON request."""
+    return stack.client.post(f"/v1/jobs/{job_id}/render/path", json=body)

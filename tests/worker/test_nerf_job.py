@@ -21,6 +21,7 @@ from tests.support.scenes import (
     decode,
     on_white,
     psnr,
+    render_path,
     scene_upload,
     train_scene,
 )
@@ -162,29 +163,27 @@ def test_second_render_reuses_the_cached_model(fs_stack, trained, scene):
 
 
 def test_render_path_orbit_webp_and_pose_zip(fs_stack, trained, scene):
-    r = fs_stack.client.post(
-        f"/v1/jobs/{trained['id']}/render/path",
-        json={
-            "width": 20,
-            "height": 16,
-            "format": "webp",
-            "orbit": {"radius": 4, "n_frames": 3, "up": (0, 0, 1)},
-        },
+    r = render_path(
+        fs_stack,
+        trained["id"],
+        width=20,
+        height=16,
+        format="webp",
+        orbit={"radius": 4, "n_frames": 3, "up": (0, 0, 1)},
     )
     assert r.status_code == 200, r.text
     assert r.headers["content-type"] == "image/webp"
     im = decode(r.content)
     assert im.format == "WEBP" and im.size == (20, 16) and getattr(im, "n_frames", 1) == 3
     poses = [{"c2w": c} for c in scene["test_c2w"][:2]]
-    r = fs_stack.client.post(
-        f"/v1/jobs/{trained['id']}/render/path",
-        json={
-            "width": SIZE,
-            "height": SIZE,
-            "format": "zip",
-            "fov_x_deg": FOV_X_DEG,
-            "poses": poses,
-        },
+    r = render_path(
+        fs_stack,
+        trained["id"],
+        width=SIZE,
+        height=SIZE,
+        format="zip",
+        fov_x_deg=FOV_X_DEG,
+        poses=poses,
     )
     assert r.status_code == 200 and r.headers["content-type"] == "application/zip"
     with zipfile.ZipFile(io.BytesIO(r.content)) as zf:
@@ -310,15 +309,14 @@ def read_video(data: bytes) -> tuple[list[np.ndarray], float]:
 
 
 def test_mp4_path_reads_back(fs_stack, trained):
-    r = fs_stack.client.post(
-        f"/v1/jobs/{trained['id']}/render/path",
-        json={
-            "width": 24,
-            "height": 16,
-            "format": "mp4",
-            "fps": 12,
-            "orbit": {"radius": 3.5, "n_frames": 5},
-        },
+    r = render_path(
+        fs_stack,
+        trained["id"],
+        width=24,
+        height=16,
+        format="mp4",
+        fps=12,
+        orbit={"radius": 3.5, "n_frames": 5},
     )
     assert r.status_code == 200 and r.headers["content-type"] == "video/mp4", r.text
     frames, fps = read_video(r.content)

@@ -17,6 +17,7 @@ from tests.support.scenes import (
     decode,
     on_white,
     psnr,
+    render_path,
     scene_upload,
     train_scene,
 )
@@ -111,14 +112,13 @@ def test_renders_match_held_out_photos_and_truth(fs_stack, trained, scene):
 
 
 def test_render_path_and_bad_requests(fs_stack, trained):
-    r = fs_stack.client.post(
-        f"/v1/jobs/{trained['id']}/render/path",
-        json={
-            "width": 20,
-            "height": 16,
-            "format": "webp",
-            "orbit": {"radius": 3.5, "n_frames": 3, "up": (0, 0, 1)},
-        },
+    r = render_path(
+        fs_stack,
+        trained["id"],
+        width=20,
+        height=16,
+        format="webp",
+        orbit={"radius": 3.5, "n_frames": 3, "up": (0, 0, 1)},
     )
     assert r.status_code == 200, r.text
     im = decode(r.content)
