@@ -164,3 +164,20 @@ def test_make_run_serves_the_preprocess_queue():
 
     argv = worker_command()
     assert set(argv[argv.index("-Q") + 1].split(",")) == {"train", "render", "preprocess"}
+
+
+def test_a_capture_that_keeps_killing_its_worker_fails(stack_factory):
+    """Each SfM run leaves a mark that only a run that ends (well or not) removes; a capture
+    whose runs took the worker process down MAX_ATTEMPTS times (as planted here: COLMAP aborts
+    on some inputs, the OOM killer on others) fails instead of being redelivered for ever."""
+    from worker.sfm.stage import ATTEMPTS_FILE, MAX_ATTEMPTS
+
+    fresh = stack_factory(queues=None)
+    r = fresh.submit(_zip(_noise(8)), "photos.zip", kind="nerf")
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    (fresh.job_dir(job_id) / ATTEMPTS_FILE).write_text(str(MAX_ATTEMPTS))
+    fresh.start_worker("preprocess")
+    job = fresh.wait_status(job_id, "failed", "succeeded", "cancelled", timeout=60)
+    assert job["status"] == "failed" and f"{MAX_ATTEMPTS} times" in job["error"], job
+    assert not (fresh.job_dir(job_id) / ATTEMPTS_FILE).exists()

@@ -33,6 +33,9 @@ CAPTURE_DIR, MANIFEST, WORK_DIR = "capture", "capture.json", "sfm"
 TRANSFORMS_ARTIFACT = "transforms.json"
 VIDEO_END_PCT = 15  # share of the stage's progress spent decoding a video
 UNREGISTERED_LISTED = 20
+# A capture whose SfM took its worker process down this many times (COLMAP aborts on some
+# inputs, the OOM killer on others) fails instead of being redelivered for ever.
+ATTEMPTS_FILE, MAX_ATTEMPTS = ".sfm_attempts", 3
 # Kinds whose rasteriser takes pinhole cameras only: their images are undistorted by COLMAP
 # (as the 3DGS reference does); nerf keeps the distortion and bends its rays instead.
 PINHOLE_ONLY_KINDS = ("splat",)
@@ -119,6 +122,15 @@ def run(job, paths, settings, progress, cancelled) -> dict[str, Any]:
     from worker.sfm.video import VideoError, extract_frames
 
     cap = read_capture(paths)
+    attempts = paths.root / ATTEMPTS_FILE
+    n = int(attempts.read_text() or 0) if attempts.is_file() else 0
+    if n >= MAX_ATTEMPTS:
+        attempts.unlink()
+        raise StageError(
+            f"SfM ended its worker process {n} times on this capture (killed, or out of "
+            "memory); try fewer or smaller photos, or a lower SFM_MAX_IMAGE_SIZE"
+        )
+    attempts.write_text(str(n + 1))  # stays behind only when this process dies mid-run
     work = paths.root / WORK_DIR
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -240,6 +252,7 @@ def run(job, paths, settings, progress, cancelled) -> dict[str, Any]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(partial, ignore_errors=True)
+        attempts.unlink(missing_ok=True)
     shutil.rmtree(paths.root / CAPTURE_DIR, ignore_errors=True)
     registered = {r.name for r in result.registered}
     splits = [f["split"] for f in meta["frames"]]
