@@ -119,7 +119,8 @@ def _train_lock(paths, wait_s: float = 5.0) -> Iterator[bool]:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() > deadline:  # someone else really is training it
+                # Someone else really is training it, or this worker is shutting down.
+                if time.monotonic() > deadline or STOP.is_set():
                     yield False
                     return
                 time.sleep(0.05)  # maybe just an orphan check peeking
@@ -145,7 +146,7 @@ def train(job_id: str) -> None:
     except (JobNotFound, ValueError):
         log.warning("nf.train: job %s does not exist (deleted?)", job_id)
         return
-    with _train_lock(paths) as mine:
+    with _stops_on_sigterm(), _train_lock(paths) as mine:
         if not mine:
             log.warning(
                 "nf.train: job %s is being trained by another process; dropping this delivery",
@@ -165,11 +166,9 @@ def train(job_id: str) -> None:
                     " the training process died each time (out of memory? a crash?)",
                 )
                 return
-            _training.set()
             with lease(paths, settings.lease_ttl_s):
                 _train_locked(store, settings, job_id, paths)
         finally:
-            _training.clear()
             close_delivery(paths)
 
 
@@ -311,20 +310,26 @@ def _fail_when_possible(store: JobStore, job_id: str, error: str, max_wait_s: fl
 # main process passes SIGTERM on to its pool processes; one that is training stops at its next
 # step (JobInterrupted: the job goes back to the queue and resumes from its checkpoint), an idle
 # one exits as it would have.
-_training = threading.Event()
-
-
-def _on_sigterm_in_pool(signum, frame) -> None:
-    if _training.is_set():
-        STOP.set()
+@contextmanager
+def _stops_on_sigterm() -> Iterator[None]:
+    """While training, SIGTERM asks the trainer to stop (billiard's own handler, which exits the
+    process at once, is back in place afterwards)."""
+    STOP.clear()
+    try:
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: STOP.set())
+    except ValueError:  # not the main thread (a threads pool): no signal to catch here
+        yield
         return
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @worker_process_init.connect
-def _pool_process_stops_on_sigterm(**_):
-    signal.signal(signal.SIGTERM, _on_sigterm_in_pool)
+def _pool_process_dies_with_its_worker(**_):
+    # Celery asks for SIGKILL when the worker's main process dies; SIGTERM lets a training in
+    # progress hand its job back first.
     set_parent_death_signal(signal.SIGTERM)
 
 
