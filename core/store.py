@@ -195,5 +195,11 @@ class JobStore:
         # Caller holds the lock, so ids stay strictly increasing.
         ev = {"id": self._last_event_id(paths.events) + 1, "event": event, "data": data}
         with open(paths.events, "ab") as fh:
-            fh.write((json.dumps(ev, default=str) + "\n").encode())
-            fh.flush()
+            end = fh.tell()
+            try:
+                fh.write((json.dumps(ev, default=str) + "\n").encode())
+                fh.flush()
+            except OSError:
+                # A torn line (full disk) would also swallow the next event appended after it.
+                fh.truncate(end)
+                raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 import pkgutil
+from collections import Counter
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -135,6 +136,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.queue = TaskQueue(make_client(settings), settings)
     app.state.quotas = Quotas(storage, app.state.store, settings)
     app.state.quotas.index.build_once()
+    app.state.open_streams = Counter()  # key id -> event streams open in this process
     app.state.keys = KeyRing.from_settings(settings)
     install_log_redaction()
     app.state.render_limit = make_bucket(

@@ -11,16 +11,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Query
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from core.storage import JobPaths, LocalStorage
 from service.api.deps import JOB_GUARDS, get_storage, job_id_param
+from service.auth import ApiKey
 
 log = logging.getLogger(__name__)
 
@@ -35,26 +38,78 @@ PROGRESS_EVERY_S = 1.0
 TERMINAL_GRACE_S = 2.0
 
 
+MAX_READ = 1 << 20  # bytes one read takes from the file (a long history comes in pieces)
+
+
+def _line_id(line: bytes) -> int | None:
+    try:
+        return int(json.loads(line)["id"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def offset_after(fh: BinaryIO, after: int) -> int:
+    """Byte offset of the first line whose id is > `after`, by bisection over the file (ids
+    grow line by line), so a replay reads O(log n) lines, not the history. A line that does
+    not parse counts as "maybe later", which can only start the replay earlier (the stream
+    skips ids already sent)."""
+    size = fh.seek(0, os.SEEK_END)
+
+    def line_start(pos: int) -> int:
+        if pos == 0:
+            return 0
+        fh.seek(pos - 1)
+        fh.readline()
+        return fh.tell()
+
+    def later(pos: int) -> bool:
+        start = line_start(pos)
+        if start >= size:
+            return True
+        fh.seek(start)
+        found = _line_id(fh.readline())
+        return found is None or found > after
+
+    lo, hi = 0, size
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if later(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return line_start(lo)
+
+
 class EventFileTail:
     """Reads complete JSON lines appended since the last call; a half-written line waits."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, after: int | None = None):
         self.path = path
         self.offset = 0
         self.pending = b""
+        self.after = after
+        self.more = False
+
+    def _start(self, fh) -> None:
+        if self.after:
+            self.offset = offset_after(fh, self.after)
+        self.after = None
 
     def read_new(self) -> list[dict[str, Any]]:
         try:
             with open(self.path, "rb") as fh:
                 fh.seek(0, 2)
                 size = fh.tell()
+                if self.after is not None:
+                    self._start(fh)
                 if size < self.offset:  # replaced by a shorter file: start over, ids dedupe
                     self.offset, self.pending = 0, b""
                 fh.seek(self.offset)
-                chunk = fh.read()
+                chunk = fh.read(MAX_READ)
         except FileNotFoundError:
             return []
         self.offset += len(chunk)
+        self.more = len(chunk) == MAX_READ
         lines = (self.pending + chunk).split(b"\n")
         self.pending = lines.pop()
         out = []
@@ -95,7 +150,7 @@ async def job_events(
 
     A client that goes away is noticed by EventSourceResponse, which cancels this generator.
     """
-    tail = EventFileTail(paths.events)
+    tail = EventFileTail(paths.events, after)
     last_sent = after if after is not None else 0
     stream_status: str | None = None  # latest status according to the event file
     last_emit = time.monotonic()
@@ -103,7 +158,8 @@ async def job_events(
     first_pass = True
 
     while True:
-        for ev in tail.read_new():
+        # File reads run on a thread: a slow disk must not stall the event loop.
+        for ev in await asyncio.to_thread(tail.read_new):
             ev_id = int(ev["id"])
             if ev["event"] == "status" and isinstance(ev.get("data"), dict):
                 stream_status = ev["data"].get("status", stream_status)
@@ -112,13 +168,20 @@ async def job_events(
             last_sent = ev_id
             last_emit = time.monotonic()
             yield _sse(ev["event"], ev.get("data"), ev_id)
+        if tail.more:
+            continue  # the rest of a long history first
 
-        job = _read_job(paths)
+        job = await asyncio.to_thread(_read_job, paths)
         if job is None:  # job folder removed while streaming
             yield _sse("end", {"id": paths.root.name, "status": "deleted"})
             return
         status = job.get("status")
-        if first_pass and stream_status is None and status:
+        if first_pass and stream_status is None and status and after:
+            # A replay starts past the status events up to `after`, which the client has seen;
+            # every later one was just read. (job.json is written just before its status event
+            # is appended: in that instant the event is missed, and `end` still carries it.)
+            stream_status = status
+        elif first_pass and stream_status is None and status:
             # Nothing in the file yet (job made by an older writer): say where it stands.
             yield _sse(
                 "status",
@@ -176,9 +239,11 @@ def _parse_last_event_id(raw: str | None) -> int | None:
             "event carrying the final job; the stream then closes.",
         },
         404: {"description": "unknown job"},
+        429: {"description": "MAX_STREAMS_PER_KEY streams already open for this key"},
     },
 )
 async def stream_job_events(
+    request: Request,
     job_id: str,
     storage: LocalStorage = Depends(get_storage),
     last_event_id_header: str | None = Header(None, alias="Last-Event-ID"),
@@ -192,10 +257,29 @@ async def stream_job_events(
     )
     if not paths.job_json.is_file():
         raise HTTPException(404, detail=f"job {job_id} not found")
+    key: ApiKey = request.state.api_key
+    open_streams: Counter = request.app.state.open_streams
+    cap = request.app.state.settings.max_streams_per_key
+    if open_streams[key.id] >= cap:
+        raise HTTPException(
+            429,
+            f"this API key has {open_streams[key.id]} event streams open, the limit is {cap} "
+            f"(MAX_STREAMS_PER_KEY)",
+            headers={"Retry-After": "5"},
+        )
+    open_streams[key.id] += 1
+
+    async def counted() -> AsyncIterator[ServerSentEvent]:
+        try:
+            async for ev in job_events(paths, after):
+                yield ev
+        finally:
+            open_streams[key.id] -= 1
+
     # ping keeps proxies from closing the stream while a job waits in the queue;
     # send_timeout drops a client that stopped reading instead of holding its task forever.
     return EventSourceResponse(
-        job_events(paths, after),
+        counted(),
         ping=10,
         send_timeout=30,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
