@@ -14,13 +14,18 @@ import httpx
 from tests.support.stack import png_bytes
 
 RENDERS = 200
-TIMEOUT_S = 6
+TIMEOUT_S = 5
 
 
 def test_200_waiting_renders_leave_the_probes_answering(stack_factory):
     stack = stack_factory(
         queues="train",  # nobody serves renders: each one waits the full RENDER_TIMEOUT_S
-        env={"RENDER_TIMEOUT_S": str(TIMEOUT_S), "RENDER_PIXEL_BURST": "1e9"},
+        env={
+            "RENDER_TIMEOUT_S": str(TIMEOUT_S),
+            "RENDER_PIXEL_BURST": "1e9",
+            # The 200 expired messages are drained one per poll.
+            "BROKER_POLLING_INTERVAL_S": "0.02",
+        },
     )
     r = stack.submit(png_bytes(16, 16), config={"steps": 20, "resolution": 16})
     job_id = r.json()["id"]
