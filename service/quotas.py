@@ -80,9 +80,12 @@ class KeyIndex:
         folder = self.folder(kid)
         if not folder.is_dir():
             return []
-        out = []
+        out, seen = [], set()
         for name in sorted(os.listdir(folder), reverse=True):
             job_id = name.partition("-")[2]
+            if job_id in seen:  # two replicas building the index at once
+                continue
+            seen.add(job_id)
             if (self.storage.jobs_dir / job_id).is_dir():
                 out.append(job_id)
             else:
