@@ -172,7 +172,18 @@ class Quotas:
     # -- admission -----------------------------------------------------------------------------
     def admit(self, key: ApiKey) -> tuple[str, JobPaths]:
         """Check the key's quotas and reserve a job folder (owner recorded, indexed), or raise
-        QuotaExceeded naming the setting."""
+        QuotaExceeded naming the setting (503 when Redis, which holds the quota state and the
+        job queue, cannot be reached)."""
+        if self.redis is None:
+            return self._admit(key)
+        import redis
+
+        try:
+            return self._admit(key)
+        except redis.RedisError as exc:
+            raise QuotaExceeded(503, f"the job queue is unavailable: {exc}") from None
+
+    def _admit(self, key: ApiKey) -> tuple[str, JobPaths]:
         s = self.settings
         with self._locked(key.id):
             active = sum(
