@@ -6,6 +6,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# Wall-time budget of a training job that sets no `time_limit_s`, by the worker's device: minutes
+# on a CPU; a GPU trains many more steps in its budget.
+DEFAULT_TIME_LIMIT_S = {"cpu": 300.0, "cuda": 1200.0}
+TIME_LIMIT_HELP = (
+    "wall-time budget in seconds from the start of training, test-curve points, checkpoints and "
+    "the final evaluation included (the job may end up to max(10 s, 5 %) later); default "
+    f"{DEFAULT_TIME_LIMIT_S['cpu']:.0f} s on a CPU worker, {DEFAULT_TIME_LIMIT_S['cuda']:.0f} s on a GPU"
+)
+
 Unit = Annotated[float, Field(ge=0.0, le=1.0)]
 # A named colour or linear RGB in [0, 1].
 Background = Literal["white", "black"] | tuple[Unit, Unit, Unit]
@@ -58,9 +67,7 @@ class NerfConfig(TrainingImages):
         description="target number of samples per batch; rays per batch adapt to it",
     )
     max_rays_per_step: int = Field(16_384, ge=64, le=1 << 20)
-    time_limit_s: float | None = Field(
-        None, gt=0, description="stop training early after this long"
-    )
+    time_limit_s: float | None = Field(None, gt=0, description=TIME_LIMIT_HELP)
     seed: int = Field(0, ge=0)
 
     # Hash grid encoding
@@ -82,6 +89,10 @@ class NerfConfig(TrainingImages):
     )
     color_hidden: int = Field(64, ge=8, le=512)
     color_layers: int = Field(2, ge=1, le=8)
+    mlp_precision: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="auto: bfloat16 MLPs on CPUs with native bfloat16 matrix products, else float32",
+    )
     sh_degree: int = Field(
         4,
         ge=1,
@@ -98,8 +109,12 @@ class NerfConfig(TrainingImages):
     max_samples_per_ray: int = Field(
         1024, ge=16, le=8192, description="march step = box diagonal / this"
     )
-    cone_angle: float = Field(
-        0.0, ge=0, le=0.1, description="0: constant steps (synthetic); 1/256 for large scenes"
+    cone_angle: float | None = Field(
+        None,
+        ge=0,
+        le=0.1,
+        description="march step grows as t * cone_angle; default (instant-ngp): 1/256 when the "
+        "scene box is larger than the unit cube (aabb half size > 1), else 0 (constant steps)",
     )
     aabb_scale: int | None = Field(
         None, description="override the dataset's box half size (1, 2, 4, ... 128)"

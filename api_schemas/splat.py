@@ -7,16 +7,14 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from api_schemas.nerf import Background, TrainingImages
+from api_schemas.nerf import TIME_LIMIT_HELP, Background, TrainingImages
 
 
 class SplatConfig(TrainingImages):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     steps: int = Field(3000, ge=1, le=1_000_000, description="training steps (one image per step)")
-    time_limit_s: float | None = Field(
-        None, gt=0, description="stop training early after this long"
-    )
+    time_limit_s: float | None = Field(None, gt=0, description=TIME_LIMIT_HELP)
     seed: int = Field(0, ge=0)
 
     # Initialisation

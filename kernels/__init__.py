@@ -5,7 +5,7 @@ See docs/kernels.md for signatures and a training-step example.
 
 from ._ext import KernelBuildError, compiled_available
 from .composite import composite, composite_reference, ray_offsets, render_weights_reference
-from .hash_grid import HashGrid, hash_grid_reference
+from .hash_grid import HashGrid, HashGridAdam, hash_grid_reference
 from .marching import PackedSamples, march_rays, march_reference
 from .occupancy import OccupancyGrid, bitfield_reference, morton3d, morton3d_invert
 from .sh import sh_encode, sh_reference
@@ -14,6 +14,7 @@ from .splat_project import covariance_3d, project_gaussians
 
 __all__ = [
     "HashGrid",
+    "HashGridAdam",
     "hash_grid_reference",
     "sh_encode",
     "sh_reference",

@@ -95,22 +95,47 @@ def hash_grid_reference(
 
 class _HashGridFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, table, scales, resolution, offsets, hashed):
-        mod = _ext.for_tensor(x)
-        out = mod.hash_grid_forward(x, table, offsets, resolution, scales, hashed)
+    def forward(ctx, x, table, scales, resolution, offsets, hashed, encoded=None, row_grad=None):
+        if encoded is None:
+            mod = _ext.for_tensor(x)
+            encoded = mod.hash_grid_forward(x, table, offsets, resolution, scales, hashed)
         ctx.save_for_backward(x)
         ctx.meta = (scales, resolution, offsets, hashed, table.shape[0], table.shape[1])
-        return out
+        ctx.row_grad = row_grad
+        return encoded
 
     @staticmethod
     def backward(ctx, grad_out):
         (x,) = ctx.saved_tensors
         scales, resolution, offsets, hashed, rows, f = ctx.meta
         mod = _ext.for_tensor(x)
+        if ctx.row_grad is not None:
+            # Into the optimiser's persistent gradient; the table itself gets no dense .grad.
+            ctx.row_grad.accumulate(
+                mod, x, grad_out.contiguous(), offsets, resolution, scales, hashed
+            )
+            return (None,) * 8
         grad_table = mod.hash_grid_backward(
             x, grad_out.contiguous(), rows, f, offsets, resolution, scales, hashed
         )
-        return None, grad_table, None, None, None, None
+        return None, grad_table, None, None, None, None, None, None
+
+
+class RowGrad:
+    """A table gradient kept between steps: dense (rows, F) values plus a touched flag per row.
+
+    The backward adds into it and flags rows; HashGridAdam updates the flagged rows and clears them,
+    so a step costs what the batch touched, not the table size.
+    """
+
+    def __init__(self, table: torch.Tensor):
+        self.values = torch.zeros_like(table)
+        self.touched = torch.zeros(table.shape[0], dtype=torch.uint8, device=table.device)
+
+    def accumulate(self, mod, x, grad_out, offsets, resolution, scales, hashed) -> None:
+        mod.hash_grid_backward_rows(
+            x, grad_out, self.values, self.touched, offsets, resolution, scales, hashed
+        )
 
 
 class HashGrid(nn.Module):
@@ -162,6 +187,8 @@ class HashGrid(nn.Module):
         # Plain CPU tensors, not buffers: kernels read them on the host, so .to("cuda") must not move them.
         self.scales, self.resolution, self.offsets, self.hashed = scales, res, offsets, hashed
         self.params = nn.Parameter(torch.empty(int(offsets[-1]), n_features_per_level, dtype=dtype))
+        # Set by HashGridAdam on CPU: the compiled backward then writes into it (row-sparse).
+        self.row_grad: RowGrad | None = None
         self.reset_parameters()
 
     @property
@@ -184,15 +211,37 @@ class HashGrid(nn.Module):
         """
         backend = backend or self.backend
         _check_backend(backend)
+        x = self._check_input(x)
+        meta = (self.scales, self.resolution, self.offsets, self.hashed)
+        if backend == "reference":
+            return hash_grid_reference(x, self.params, *meta)
+        return _HashGridFn.apply(x.detach().contiguous(), self.params, *meta, None, self._sink())
+
+    def attach(self, x: torch.Tensor, encoded: torch.Tensor) -> torch.Tensor:
+        """`encoded` (N, n_output_dims), computed earlier by this grid at x (N, d) without
+        gradients, returned as if `self(x)` had produced it: the backward scatters into the
+        table at x. Spares the second forward when samples are encoded once for culling and the
+        kept ones then need gradients. The reference backend recomputes instead."""
+        x = self._check_input(x)
+        if self.backend == "reference" or not torch.is_grad_enabled():
+            return self(x) if self.backend == "reference" else encoded
+        meta = (self.scales, self.resolution, self.offsets, self.hashed)
+        return _HashGridFn.apply(
+            x.detach().contiguous(), self.params, *meta, encoded.detach(), self._sink()
+        )
+
+    def _check_input(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.n_input_dims:
             raise ValueError(
                 f"HashGrid expects (N, {self.n_input_dims}) inputs, got {tuple(x.shape)}"
             )
-        x = x.to(self.params.dtype)
-        meta = (self.scales, self.resolution, self.offsets, self.hashed)
-        if backend == "reference":
-            return hash_grid_reference(x, self.params, *meta)
-        return _HashGridFn.apply(x.detach().contiguous(), self.params, *meta)
+        return x.to(self.params.dtype)
+
+    def _sink(self) -> RowGrad | None:
+        rg = self.row_grad
+        return (
+            rg if rg is not None and torch.is_grad_enabled() and self.params.requires_grad else None
+        )
 
     def extra_repr(self) -> str:
         return (
@@ -205,3 +254,99 @@ class HashGrid(nn.Module):
 def _check_backend(backend: str) -> None:
     if backend not in ("ext", "reference"):
         raise ValueError(f"backend must be 'ext' or 'reference', got {backend!r}")
+
+
+class HashGridAdam:
+    """Adam for a HashGrid's table that updates only the rows a batch touched.
+
+    tiny-cuda-nn's Adam (instant-ngp) skips hash entries whose gradient is zero and keeps a step
+    count per entry for the bias correction; this does the same per row, with torch.optim.Adam's
+    update formula. On CPU with the compiled backend the backward adds into a persistent RowGrad
+    and the step visits only the flagged rows (no dense gradient, zero-fill or optimiser pass per
+    step); elsewhere (CUDA, the reference backend) the table's dense `.grad` is used and rows
+    whose gradient is all zero are left alone, which is the same update.
+    """
+
+    def __init__(
+        self,
+        grid: HashGrid,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.99),
+        eps: float = 1e-15,
+    ):
+        self.grid = grid
+        self.lr = float(lr)
+        self.betas = (float(betas[0]), float(betas[1]))
+        self.eps = float(eps)
+        p = grid.params
+        self.exp_avg = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        self.exp_avg_sq = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        self.steps = torch.zeros(p.shape[0], dtype=torch.int32, device=p.device)
+        self._bias = (torch.zeros(0), torch.zeros(0))
+        if p.device.type == "cpu" and grid.backend == "ext":
+            grid.row_grad = RowGrad(p.detach())
+
+    def zero_grad(self) -> None:
+        self.grid.params.grad = None
+
+    def _bias_tables(self, max_step: int, like: torch.Tensor):
+        # bc1[t] = 1 - b1^t, sqrt(1 - b2^t) for t = 0..; grown by doubling, in float64 then cast.
+        if self._bias[0].numel() <= max_step + 1 or self._bias[0].dtype != like.dtype:
+            n = max(1024, 2 * (max_step + 2))
+            t = torch.arange(n, dtype=torch.float64)
+            b1, b2 = self.betas
+            self._bias = (
+                (1 - b1**t).to(like.dtype).to(like.device),
+                torch.sqrt(1 - b2**t).to(like.dtype).to(like.device),
+            )
+        return self._bias
+
+    @torch.no_grad()
+    def step(self) -> None:
+        p = self.grid.params
+        b1, b2 = self.betas
+        rg = self.grid.row_grad
+        if rg is not None:
+            # Per-row counts never exceed the number of steps taken, which bounds the lookups.
+            bc1, bc2 = self._bias_tables(int(self.steps.max()) + 1, p)
+            _ext.for_tensor(p).hash_grid_adam(
+                p.data,
+                rg.values,
+                rg.touched,
+                self.exp_avg,
+                self.exp_avg_sq,
+                self.steps,
+                bc1,
+                bc2,
+                self.lr,
+                b1,
+                b2,
+                self.eps,
+            )
+        if p.grad is not None:
+            self._dense_step(p.grad)
+            p.grad = None
+
+    def _dense_step(self, g: torch.Tensor) -> None:
+        p = self.grid.params
+        b1, b2 = self.betas
+        rows = (g != 0).any(1).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            return
+        t = self.steps[rows].long() + 1
+        self.steps[rows] = t.to(torch.int32)
+        bc1, bc2 = self._bias_tables(int(t.max()), p)
+        gr = g[rows]
+        m = self.exp_avg[rows] * b1 + (1 - b1) * gr
+        v = self.exp_avg_sq[rows] * b2 + (1 - b2) * gr * gr
+        self.exp_avg[rows] = m
+        self.exp_avg_sq[rows] = v
+        denom = v.sqrt() / bc2[t][:, None] + self.eps
+        p.data[rows] -= (self.lr / bc1[t])[:, None] * m / denom
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for k in ("exp_avg", "exp_avg_sq", "steps"):
+            getattr(self, k).copy_(state[k])

@@ -40,6 +40,11 @@ class ProgressReporter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last: Progress | None = None
+        self.deadline: float | None = None  # monotonic time the job's budget runs out
+
+    def set_deadline(self, seconds_from_now: float | None) -> None:
+        """The job ends by then (its time budget): the ETA is never later than that."""
+        self.deadline = None if seconds_from_now is None else time.monotonic() + seconds_from_now
 
     @staticmethod
     def _clean(x: float | None) -> float | None:
@@ -54,6 +59,9 @@ class ProgressReporter:
         elapsed = now - self.t0
         done = step - self.start_step
         eta = elapsed / done * (total_steps - step) if done > 0 else None
+        if self.deadline is not None and step < total_steps:
+            left = max(self.deadline - now, 0.0)
+            eta = left if eta is None else min(eta, left)
         return Progress(
             stage=self.stage,
             step=step,

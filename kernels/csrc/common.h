@@ -26,6 +26,10 @@ template <typename T> KN_HD T kn_expm1(T x);
 template <> KN_HD float kn_expm1<float>(float x) { return expm1f(x); }
 template <> KN_HD double kn_expm1<double>(double x) { return expm1(x); }
 
+template <typename T> KN_HD T kn_sqrt(T x);
+template <> KN_HD float kn_sqrt<float>(float x) { return sqrtf(x); }
+template <> KN_HD double kn_sqrt<double>(double x) { return sqrt(x); }
+
 template <typename T> KN_HD T kn_min(T a, T b) { return a < b ? a : b; }
 template <typename T> KN_HD T kn_max(T a, T b) { return a > b ? a : b; }
 

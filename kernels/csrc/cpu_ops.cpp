@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "binding_checks.h"
+#include "hash_grid_cpu.h"
 #include "composite.h"
 #include "sh.h"
 
@@ -16,31 +17,6 @@ using kn_bind::n_threads;
 
 void require_cpu(const at::Tensor& t, const char* op) {
     TORCH_CHECK(t.is_cpu(), op, ": this is the CPU module, got a tensor on ", t.device());
-}
-
-template <int D, int F, typename T>
-void hash_fwd_impl(const T* x, const T* table, const kn::HashGridMeta& m, T* out, int64_t n) {
-    const int64_t stride = (int64_t)m.n_levels * F;
-    // Level-major: one level's table slice stays in cache while all points visit it; point-major
-    // order was memory-latency bound (about 2x slower at 2^18 points).
-#pragma omp parallel num_threads(n_threads())
-    for (int l = 0; l < m.n_levels; ++l) {
-#pragma omp for schedule(static) nowait
-        for (int64_t i = 0; i < n; ++i)
-            kn::hash_grid_forward_point_level<D, F, T>(x + i * D, table, m, l, out + i * stride + l * F);
-    }
-}
-
-// Each thread owns whole levels and walks the points in order, so the table gradient is the same
-// bit for bit whatever the thread count, without atomics.
-template <int D, int F, typename T>
-void hash_bwd_impl(const T* x, const T* grad_out, const kn::HashGridMeta& m, T* grad_table, int64_t n) {
-    const int64_t stride = (int64_t)m.n_levels * F;
-    auto add = [](T* p, T v) { *p += v; };
-#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads())
-    for (int l = 0; l < m.n_levels; ++l)
-        for (int64_t i = 0; i < n; ++i)
-            kn::hash_grid_backward_point_level<D, F, T>(x + i * D, grad_out + i * stride + l * F, m, l, grad_table, add);
 }
 
 template <typename Fn>
@@ -67,8 +43,8 @@ at::Tensor hash_grid_forward(at::Tensor x, at::Tensor table, at::Tensor offsets,
     auto out = at::empty({n, m.n_levels * F}, x.options());
     dispatch_grid(D, F, x.scalar_type(), [&](auto Dc, auto Fc, auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        hash_fwd_impl<decltype(Dc)::value, decltype(Fc)::value, T>(x.data_ptr<T>(), table.data_ptr<T>(), m,
-                                                                   out.data_ptr<T>(), n);
+        kn_cpu::hash_fwd_impl<decltype(Dc)::value, decltype(Fc)::value, T>(x.data_ptr<T>(), table.data_ptr<T>(), m,
+                                                                           out.data_ptr<T>(), n, n_threads());
     });
     return out;
 }
@@ -82,8 +58,8 @@ at::Tensor hash_grid_backward(at::Tensor x, at::Tensor grad_out, int64_t n_rows,
     auto grad_table = at::zeros({n_rows, F}, grad_out.options());
     dispatch_grid(D, F, x.scalar_type(), [&](auto Dc, auto Fc, auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        hash_bwd_impl<decltype(Dc)::value, decltype(Fc)::value, T>(x.data_ptr<T>(), grad_out.data_ptr<T>(), m,
-                                                                   grad_table.data_ptr<T>(), n);
+        kn_cpu::hash_bwd_impl<decltype(Dc)::value, decltype(Fc)::value, T>(x.data_ptr<T>(), grad_out.data_ptr<T>(), m,
+                                                                           grad_table.data_ptr<T>(), n, n_threads());
     });
     return grad_table;
 }
@@ -93,6 +69,60 @@ void dispatch_float(at::ScalarType st, const char* op, Fn&& fn) {
     if (st == at::kFloat) return fn((float*)nullptr);
     if (st == at::kDouble) return fn((double*)nullptr);
     TORCH_CHECK(false, op, ": unsupported dtype ", st, " (float32 or float64)");
+}
+
+// Accumulates into a persistent (rows, F) gradient and flags the touched rows (uint8 per row).
+void hash_grid_backward_rows(at::Tensor x, at::Tensor grad_out, at::Tensor grad_table, at::Tensor touched,
+                             at::Tensor offsets, at::Tensor resolution, at::Tensor scale, at::Tensor hashed) {
+    const char* op = "hash grid backward";
+    require_cpu(x, op);
+    auto m = kn_bind::hash_grid_meta(offsets, resolution, scale, hashed, x.size(1), grad_table.size(0));
+    const int64_t F = grad_table.size(1), rows = grad_table.size(0);
+    kn_bind::check_hash_backward(x, grad_out, m.n_levels, F);
+    kn_bind::expect(grad_table, op, "grad_table", x.device(), x.scalar_type(), {rows, F});
+    kn_bind::expect(touched, op, "touched", x.device(), at::kByte, {rows});
+    const int64_t n = x.size(0), D = x.size(1);
+    dispatch_grid(D, F, x.scalar_type(), [&](auto Dc, auto Fc, auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        kn_cpu::hash_bwd_rows_impl<decltype(Dc)::value, decltype(Fc)::value, T>(
+            x.data_ptr<T>(), grad_out.data_ptr<T>(), m, grad_table.data_ptr<T>(), touched.data_ptr<uint8_t>(), n,
+            n_threads());
+    });
+}
+
+// Row-sparse Adam over the rows flagged by hash_grid_backward_rows (which it clears).
+void hash_grid_adam(at::Tensor w, at::Tensor grad, at::Tensor touched, at::Tensor m, at::Tensor v, at::Tensor steps,
+                    at::Tensor bc1, at::Tensor bc2_sqrt, double lr, double b1, double b2, double eps) {
+    const char* op = "hash grid adam";
+    require_cpu(w, op);
+    const auto st = kn_bind::float_dtype(w, op, "table");
+    TORCH_CHECK_VALUE(w.dim() == 2, op, ": table must be (rows, F)");
+    const int64_t rows = w.size(0), F = w.size(1);
+    const auto cpu = w.device();
+    kn_bind::expect(w, op, "table", cpu, st, {rows, F});
+    kn_bind::expect(grad, op, "grad", cpu, st, {rows, F});
+    kn_bind::expect(m, op, "exp_avg", cpu, st, {rows, F});
+    kn_bind::expect(v, op, "exp_avg_sq", cpu, st, {rows, F});
+    kn_bind::expect(touched, op, "touched", cpu, at::kByte, {rows});
+    kn_bind::expect(steps, op, "steps", cpu, at::kInt, {rows});
+    kn_bind::expect(bc1, op, "bc1", cpu, st, {-1});
+    kn_bind::expect(bc2_sqrt, op, "bc2_sqrt", cpu, st, {bc1.numel()});
+    // Every row's next count must index the bias tables.
+    kn_bind::check_range(steps, 0, bc1.numel() - 2, op, "steps");
+    dispatch_float(st, op, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        auto run = [&](auto Fc) {
+            kn_cpu::hash_adam_impl<decltype(Fc)::value, T>(
+                w.data_ptr<T>(), grad.data_ptr<T>(), touched.data_ptr<uint8_t>(), m.data_ptr<T>(), v.data_ptr<T>(),
+                steps.data_ptr<int32_t>(), bc1.data_ptr<T>(), bc2_sqrt.data_ptr<T>(), rows, (T)lr, (T)b1, (T)b2,
+                (T)eps, n_threads());
+        };
+        if (F == 1) return run(std::integral_constant<int, 1>{});
+        if (F == 2) return run(std::integral_constant<int, 2>{});
+        if (F == 4) return run(std::integral_constant<int, 4>{});
+        if (F == 8) return run(std::integral_constant<int, 8>{});
+        TORCH_CHECK_VALUE(false, op, ": features per row must be 1, 2, 4 or 8");
+    });
 }
 
 template <typename T>
@@ -281,6 +311,8 @@ std::vector<at::Tensor> march_rays(at::Tensor rays_o, at::Tensor rays_d, at::Ten
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("hash_grid_forward", &hash_grid_forward);
     m.def("hash_grid_backward", &hash_grid_backward);
+    m.def("hash_grid_backward_rows", &hash_grid_backward_rows);
+    m.def("hash_grid_adam", &hash_grid_adam);
     m.def("sh_encode", &sh_encode);
     m.def("composite_forward", &composite_forward);
     m.def("composite_backward", &composite_backward);

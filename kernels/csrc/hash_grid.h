@@ -100,4 +100,18 @@ KN_HD void hash_grid_backward_point_level(const T* x, const T* grad_out_level, c
     }
 }
 
+// One Adam update of a table row that received a gradient (tiny-cuda-nn's Adam: hash entries with
+// a zero gradient are skipped and keep their own step count for bias correction). The update
+// itself is torch.optim.Adam's: w -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), with
+// bc1 = 1 - b1^t and bc2 = 1 - b2^t looked up for the row's step t by the caller.
+template <int F, typename T>
+KN_HD void adam_row(T* w, const T* g, T* m, T* v, T bc1, T bc2_sqrt, T lr, T b1, T b2, T eps) {
+    for (int f = 0; f < F; ++f) {
+        m[f] = b1 * m[f] + (T(1) - b1) * g[f];
+        v[f] = b2 * v[f] + (T(1) - b2) * g[f] * g[f];
+        const T denom = kn_sqrt(v[f]) / bc2_sqrt + eps;
+        w[f] -= (lr / bc1) * m[f] / denom;
+    }
+}
+
 }  // namespace kn

@@ -484,3 +484,33 @@ def test_training_cameras_download_as_a_camera_path_that_renders_them(fs_stack, 
         <= 1
     )
     assert fs_stack.client.get(f"/v1/jobs/{job_id}/camera_path?split=nope").status_code == 404
+
+
+def test_time_budget_bounds_the_job_evaluation_included(fs_stack, trained, scene):
+    # Far more steps than fit: the budget stops training, leaves room for the evaluation, and
+    # the ETA reported meanwhile never promises more than the budget holds.
+    from worker.budget import allowance
+
+    limit = 12.0
+    config = {**CONFIG, "steps": 100_000, "time_limit_s": limit}
+    r = fs_stack.submit(
+        scene["zip"], "scene.zip", kind="nerf", config=config, content_type="application/zip"
+    )
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    etas = []
+    job = fs_stack.wait_for(
+        job_id,
+        lambda j: etas.append(j["progress"]) or j["status"] in ("succeeded", "failed"),
+        120,
+        "finished",
+    )
+    assert job["status"] == "succeeded", job["error"]
+    m = job["metrics"]
+    assert m["time_limit_s"] == limit and 0 < m["steps"] < 100_000
+    assert m["budget_used_s"] <= limit + allowance(limit)
+    assert m["n_test"] >= 1
+    running = [p for p in etas if p and p.get("eta_s") is not None and p["step"] > 0]
+    assert running and all(p["eta_s"] <= limit for p in running)
+    # The default budget (no time_limit_s) is the CPU one, reported with the metrics.
+    assert trained["job"]["metrics"]["time_limit_s"] == 300.0

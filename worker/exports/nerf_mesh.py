@@ -67,7 +67,7 @@ def vertex_colors(model, verts: np.ndarray, normals: np.ndarray, offset: float) 
         (-n).contiguous(),
         torch.zeros(3, device=device),
         step=model.step_size,
-        cone_angle=model.config["cone_angle"],
+        cone_angle=model.cone_angle,
         max_samples=model.config["max_samples_per_ray"],
     )
     return (rgb / alpha.clamp_min(1e-3)[:, None]).clamp(0, 1).cpu().numpy()

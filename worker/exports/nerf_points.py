@@ -31,7 +31,7 @@ def nerf_point_cloud(model, dataset, n_points: int):
         d,
         black,
         step=model.step_size,
-        cone_angle=model.config["cone_angle"],
+        cone_angle=model.cone_angle,
         max_samples=model.config["max_samples_per_ray"],
     )
     hit = (alpha >= MIN_OPACITY) & (depth > 0)

@@ -9,12 +9,13 @@ the model built from the checkpoint.
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 from worker.jobs.scene import SceneJob, SceneModel
 from worker.nerf.model import NerfField
 from worker.nerf.rendering import render_image
-from worker.nerf.trainer import NerfTrainer, load_field_and_grid
+from worker.nerf.trainer import NerfTrainer, cone_angle, load_field_and_grid
 from worker.scene.cameras import RenderCamera, world_distance
 from worker.scene.dataset import Dataset
 from worker.scene.evaluate import background_psnr, evaluate
@@ -45,6 +46,12 @@ class NerfModel(SceneModel):
     def __init__(self, checkpoint, device):
         super().__init__(checkpoint, device)
         meta = checkpoint.meta
+        # The cone angle the run resolved from its scene box (instant-ngp's default).
+        self.config = {
+            **self.config,
+            "cone_angle": meta.get("cone_angle", cone_angle(self.config, meta["aabb_half"])),
+        }
+        self.cone_angle = self.config["cone_angle"]
         self.field = NerfField(self.config, meta["aabb_half"]).eval()
         from kernels import OccupancyGrid
 
@@ -111,20 +118,26 @@ class NerfJob(SceneJob):
 
     def after_step(self, trainer, test):
         """Test PSNR every CURVE_INTERVAL_S of training on the first CURVE_FRAMES test views (not
-        counted in train_s): how quality grows with training time, which the quality script
-        compares across backends."""
+        counted in train_s, but in the job's time budget): how quality grows with training time,
+        which the quality script compares across backends. Curve points cost at most a tenth of
+        the training time, however large the frames."""
         due = getattr(trainer, "next_curve_s", None)
         if due is None:
             trainer.next_curve_s = due = trainer.train_s + CURVE_INTERVAL_S
         if trainer.train_s < due:
             return
         trainer.field.eval()
+        t0 = time.perf_counter()
         m, _ = evaluate(
             lambda i: self._view(trainer, test, i),
             test,
             trainer.eval_background,
             limit=CURVE_FRAMES,
         )
+        spent = time.perf_counter() - t0
+        budget = getattr(trainer, "time_budget", None)
+        if budget is not None:
+            budget.eval_s_per_frame = spent / max(m["n_test"], 1)
         trainer.curve.append(
             {
                 "step": trainer.step,
@@ -132,7 +145,7 @@ class NerfJob(SceneJob):
                 "test_psnr": round(m["test_psnr"], 3),
             }
         )
-        trainer.next_curve_s = trainer.train_s + CURVE_INTERVAL_S
+        trainer.next_curve_s = trainer.train_s + max(CURVE_INTERVAL_S, 10 * spent)
 
     def final_metrics(self, ctx, trainer, test, metrics):
         if trainer.curve and trainer.curve[-1]["step"] == trainer.step:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from core.storage import atomic_write_bytes
+from worker.budget import TimeBudget, time_limit
 from worker.jobs import RenderError, pick_device
 from worker.scene.cameras import RenderCamera, world_distance
 from worker.scene.dataset import Dataset, background_rgb, read_meta
@@ -108,7 +109,11 @@ class SceneJob:
         ckpt = ctx.checkpoints.load_latest()
         if ckpt is None:
             return
-        if ckpt.meta.get("kind") != self.kind or ckpt.meta.get("config") != ctx.config:
+        if (
+            ckpt.meta.get("kind") != self.kind
+            or ckpt.meta.get("config") != ctx.config
+            or ckpt.meta.get("state_format") != getattr(trainer, "state_format", None)
+        ):
             log.warning(
                 "job %s: checkpoint step %s does not match this config; starting over",
                 ctx.job.id,
@@ -125,31 +130,45 @@ class SceneJob:
         trainer = self.make_trainer(ctx, meta, Dataset(ctx.paths.dataset, "train", meta))
         test = Dataset(ctx.paths.dataset, "test", meta)
         self.resume(ctx, trainer)
-        steps, limit = config["steps"], config.get("time_limit_s")
+        steps = config["steps"]
+        # Wall time from the start of training (worker/budget.py): curve points, checkpoints and
+        # the final evaluation count; earlier runs of a resumed job too.
+        budget = TimeBudget(time_limit(config, ctx.device), getattr(trainer, "budget_used_s", 0.0))
+        trainer.time_budget = budget
+        n_test = len(test)
         ctx.progress.start_step = trainer.step
+        ctx.progress.set_deadline(budget.left())
         ctx.progress.report(trainer.step, steps, force=True)
         last: dict[str, float] = {}
-        while trainer.step < steps and not (limit and trainer.train_s >= limit):
+        while trainer.step < steps and budget.used() < budget.training_end(n_test):
             ctx.raise_if_cancelled()
+            trainer.lr_horizon_s = budget.training_end(n_test)
+            trainer.budget_used_s = budget.used()
             last = trainer.train_step()
             self.report(ctx, trainer, last)
             self.after_step(trainer, test)
             if trainer.step < steps and (
                 trainer.step % config["checkpoint_every"] == 0 or ctx.checkpoints.due()
             ):
+                trainer.budget_used_s = budget.used()
                 ctx.checkpoints.save(trainer.step, *trainer.state())
+        trainer.budget_used_s = budget.used()
         ctx.checkpoints.save(trainer.step, *trainer.state())
         self.report(ctx, trainer, last, force=True)
 
         ctx.raise_if_cancelled()
         t0 = time.perf_counter()
-        metrics, names = self.evaluate_and_store(ctx, trainer, test)
+        metrics, names = self.evaluate_and_store(
+            ctx, trainer, test, limit=budget.frames_that_fit(n_test)
+        )
         names += self.final_metrics(ctx, trainer, test, metrics)
         metrics.update(
             {
                 "steps": trainer.step,
                 "train_s": round(trainer.train_s, 3),
                 "eval_s": round(time.perf_counter() - t0, 3),
+                "time_limit_s": budget.limit_s,
+                "budget_used_s": round(budget.used(), 3),
                 "train_psnr": last.get("psnr"),
                 "artifacts": names,
             }
@@ -157,8 +176,11 @@ class SceneJob:
         return metrics
 
     # -- evaluation ------------------------------------------------------------------------------
-    def evaluate_and_store(self, ctx, trainer, test: Dataset) -> tuple[dict[str, Any], list[str]]:
-        """Scores every test view and writes the evaluation artifacts (module docstring)."""
+    def evaluate_and_store(
+        self, ctx, trainer, test: Dataset, limit: int | None = None
+    ) -> tuple[dict[str, Any], list[str]]:
+        """Scores the test views (the first `limit`, as many as the time budget holds) and writes
+        the evaluation artifacts (module docstring)."""
         art = ctx.paths.artifacts
         art.mkdir(parents=True, exist_ok=True)
         lpips, lpips_absent = lpips_metric(ctx.settings.lpips_model)
@@ -188,6 +210,7 @@ class SceneJob:
                 trainer.eval_background,
                 lpips=lpips,
                 on_view=store,
+                limit=limit,
             )
         tmp_zip.replace(art / RENDERS_ZIP)
         means = {k: round(v, 5) for k, v in metrics.items() if k.startswith("test_")}

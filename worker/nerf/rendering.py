@@ -3,7 +3,8 @@
 Culling (nerfacc's estimator trick): one gradient-free density pass over every marched sample
 finds those behind an opaque surface (transmittance < 1e-4) or in empty space (alpha below a
 threshold); only the rest go through the full network, with gradients when training. Inside
-solid objects the grid is occupied, so without this most samples would be wasted.
+solid objects the grid is occupied, so without this most samples would be wasted. The hash-grid
+features of that pass are kept and reused for the kept samples, so no sample is encoded twice.
 """
 
 from __future__ import annotations
@@ -38,12 +39,16 @@ def _offsets(ray_indices: torch.Tensor, n_rays: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _density_chunked(field, pos: torch.Tensor) -> torch.Tensor:
-    if pos.shape[0] <= SAMPLE_CHUNK:
-        return field.density(pos)
-    return torch.cat(
-        [field.density(pos[i : i + SAMPLE_CHUNK]) for i in range(0, pos.shape[0], SAMPLE_CHUNK)]
-    )
+def _encode_chunked(field, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hash features (S, n_features) and sigma (S,) of every sample, without gradients."""
+    encs, sigmas = [], []
+    for i in range(0, pos.shape[0], SAMPLE_CHUNK):
+        enc = field.encode(pos[i : i + SAMPLE_CHUNK])
+        encs.append(enc)
+        sigmas.append(field.density_from(enc))
+    if len(encs) == 1:
+        return encs[0], sigmas[0]
+    return torch.cat(encs), torch.cat(sigmas)
 
 
 @torch.no_grad()
@@ -96,15 +101,18 @@ def render_rays(
     )
     ri, t0, t1 = s.ray_indices, s.t_starts, s.t_ends
     marched = int(ri.numel())
+    enc = None
     if marched:
         t_mid = (0.5 * (t0 + t1))[:, None]
-        pos = rays_o[ri] + t_mid * rays_d[ri]
-        keep = visible(_density_chunked(field, pos), t0, t1, s.offsets, ri, alpha_threshold)
-        ri, t0, t1, pos = ri[keep], t0[keep], t1[keep], pos[keep]
+        pos = torch.addcmul(rays_o.index_select(0, ri), t_mid, rays_d.index_select(0, ri))
+        enc, sigma_all = _encode_chunked(field, pos)
+        keep = visible(sigma_all, t0, t1, s.offsets, ri, alpha_threshold).nonzero().squeeze(1)
+        ri, t0, t1 = ri.index_select(0, keep), t0.index_select(0, keep), t1.index_select(0, keep)
+        pos, enc = pos.index_select(0, keep), enc.index_select(0, keep)
     kept = int(ri.numel())
     offsets = _offsets(ri, n)
     if kept:
-        sigma, rgb = field(pos, rays_d[ri])
+        sigma, rgb = field(pos, rays_d.index_select(0, ri), enc=enc)
     else:
         sigma = torch.zeros(0, device=rays_o.device)
         rgb = torch.zeros(0, 3, device=rays_o.device)

@@ -10,13 +10,23 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kernels import OccupancyGrid
+from kernels import HashGridAdam, OccupancyGrid
 from worker.nerf.model import NerfField
 from worker.nerf.rendering import RenderStats, render_rays
 from worker.scene.dataset import Dataset, background_rgb, composite_background
 from worker.scene.metrics import psnr_from_mse as psnr
 
 MIN_RAYS = 64
+# Bumped when the checkpoint's tensors change meaning; an older checkpoint is not resumed.
+STATE_FORMAT = 2
+
+
+def cone_angle(config: dict[str, Any], half: float) -> float:
+    """The config's cone angle, or instant-ngp's default: 1/256 when the scene box is larger
+    than the unit cube (large, unbounded captures), constant steps otherwise."""
+    if config.get("cone_angle") is not None:
+        return float(config["cone_angle"])
+    return 1.0 / 256.0 if half > 1.0 else 0.0
 
 
 def aabb_half(meta: dict[str, Any], config: dict[str, Any]) -> float:
@@ -28,6 +38,8 @@ def aabb_half(meta: dict[str, Any], config: dict[str, Any]) -> float:
 class NerfTrainer:
     """`step()` runs one batch; `state()` / `load_state()` pack everything needed to resume."""
 
+    state_format = STATE_FORMAT
+
     def __init__(
         self, config: dict[str, Any], meta: dict[str, Any], device=None, data: Dataset | None = None
     ):
@@ -35,11 +47,17 @@ class NerfTrainer:
             raise ValueError(
                 f"sh_degree {config['sh_degree']} is not supported by the SH kernel (1..4)"
             )
-        self.config = config
+        self.requested_config = config  # what the job asked for (checkpoints compare it)
         self.meta = meta
         self.device = torch.device(device or "cpu")
         self.data = data
         self.half = aabb_half(meta, config)
+        # Defaults that depend on the scene, resolved once.
+        self.config = {**config, "cone_angle": cone_angle(config, self.half)}
+        # Seconds of the run the learning rate decays over (set by the job from its time budget)
+        # and how many of them were used; without one the schedule follows the planned steps.
+        self.lr_horizon_s: float | None = None
+        self.budget_used_s = 0.0
         self.backend = config.get("backend", "ext")
         # Same lattice for training and rendering: box diagonal / max_samples_per_ray.
         self.step_size = 2 * math.sqrt(3) * self.half / config["max_samples_per_ray"]
@@ -54,11 +72,16 @@ class NerfTrainer:
             backend=self.backend,
         ).to(self.device)
         self.opt = torch.optim.Adam(
-            self.field.param_groups(config["weight_decay"]),
+            self.field.mlp_param_groups(config["weight_decay"]),
             lr=config["lr"],
             betas=tuple(config["adam_betas"]),
             eps=config["adam_eps"],
             fused=True,
+        )
+        # The table: only the rows a batch touched are updated (instant-ngp's Adam), no weight
+        # decay (decaying entries would erase rarely seen detail).
+        self.table_opt = HashGridAdam(
+            self.field.encoding, config["lr"], tuple(config["adam_betas"]), config["adam_eps"]
         )
         self.generator = torch.Generator().manual_seed(config.get("seed", 0))
         self.step = 0
@@ -88,7 +111,9 @@ class NerfTrainer:
         # Exponential decay from lr to lr * lr_final_factor over the run: the planned steps, or
         # the time limit when that ends the run first.
         frac = step / max(self.config["steps"], 1)
-        if self.config.get("time_limit_s"):
+        if self.lr_horizon_s:
+            frac = max(frac, self.budget_used_s / self.lr_horizon_s)
+        elif self.config.get("time_limit_s"):
             frac = max(frac, self.train_s / self.config["time_limit_s"])
         frac = min(frac, 1.0)
         return self.config["lr"] * self.config["lr_final_factor"] ** frac
@@ -105,7 +130,7 @@ class NerfTrainer:
     def _update_grid(self) -> None:
         self.grid.update_every_n_steps(
             self.step,
-            self.field.density,
+            self.field.density_float32,
             n=self.config["occupancy_update_every"],
             warmup_steps=self.config["occupancy_warmup_steps"],
             decay=self.config["occupancy_decay"],
@@ -122,8 +147,10 @@ class NerfTrainer:
         o, d, rgba = o.to(self.device), d.to(self.device), rgba.to(self.device)
         bg = self._background(n)
         target = composite_background(rgba, bg)
+        lr = self.lr_at(self.step)
         for g in self.opt.param_groups:
-            g["lr"] = self.lr_at(self.step)
+            g["lr"] = lr
+        self.table_opt.lr = lr
         rgb, _, _, stats = render_rays(
             self.field,
             self.grid,
@@ -137,9 +164,11 @@ class NerfTrainer:
         )
         loss = F.mse_loss(rgb, target)
         self.opt.zero_grad(set_to_none=True)
+        self.table_opt.zero_grad()
         if stats.kept:
             loss.backward()
             self.opt.step()
+            self.table_opt.step()
         self.step += 1
         self.last = stats
         # Batch sized by samples: rays next step = target / samples per ray now (smoothed).
@@ -170,11 +199,15 @@ class NerfTrainer:
                 tensors[f"opt.{idx}.{key}"] = (
                     value if torch.is_tensor(value) else torch.tensor(value)
                 )
+        tensors.update({f"table_opt.{k}": v for k, v in self.table_opt.state_dict().items()})
         tensors["rng.generator"] = self.generator.get_state()
         tensors["rng.torch"] = torch.get_rng_state()
         meta = {
             "kind": "nerf",
-            "config": self.config,
+            "state_format": STATE_FORMAT,
+            "config": self.requested_config,
+            "cone_angle": self.config["cone_angle"],
+            "budget_used_s": round(self.budget_used_s, 3),
             "step": self.step,
             "n_rays": self.n_rays,
             "train_s": round(self.train_s, 3),
@@ -203,11 +236,15 @@ class NerfTrainer:
                 _, idx, key = k.split(".", 2)
                 state.setdefault(int(idx), {})[key] = v
         self.opt.load_state_dict({"state": state, "param_groups": meta["opt_param_groups"]})
+        self.table_opt.load_state_dict(
+            {k[10:]: v for k, v in tensors.items() if k.startswith("table_opt.")}
+        )
         self.generator.set_state(tensors["rng.generator"])
         torch.set_rng_state(tensors["rng.torch"])
         self.step = int(meta["step"])
         self.n_rays = int(meta["n_rays"])
         self.train_s = float(meta.get("train_s", 0.0))
+        self.budget_used_s = float(meta.get("budget_used_s", 0.0))
         self.curve = list(meta.get("curve", []))
 
 

@@ -180,6 +180,7 @@ class SplatTrainer:
             "config": self.config,
             "step": self.step,
             "train_s": self.train_s,
+            "budget_used_s": getattr(self, "budget_used_s", 0.0),
             "n_gaussians": self.n,
             "sh_degree": self.degree,
             "active_degree": self.active_degree(),
@@ -197,6 +198,7 @@ class SplatTrainer:
         self._reset_stats()
         self.step = int(meta["step"])
         self.train_s = float(meta.get("train_s", 0.0))
+        self.budget_used_s = float(meta.get("budget_used_s", 0.0))  # the job's wall-time budget
 
     # -- one step -----------------------------------------------------------------------------
     def _background(self) -> torch.Tensor:

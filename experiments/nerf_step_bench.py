@@ -1,0 +1,196 @@
+"""Training steps per second, this checkout against a baseline commit, side by side in one run.
+
+Both trainers run the quality-bar scene (experiments/synthetic_scene.py, 100x100, 60 train + 10
+test views, the CPU settings of experiments/nerf_quality.py) in their own processes, each with the
+code of its own tree: the baseline is `git archive`d into a temporary folder. The parent alternates
+them in chunks of steps, so on a shared machine both see the same load; each reports the seconds
+its steps took (NerfTrainer's own timing, which excludes nothing but the grid's warm-up build).
+Both train the same number of steps with the same seeds, then report test PSNR on all held-out
+views, so the speed ratio is read at equal training progress.
+
+    python -m experiments.nerf_step_bench [--baseline REV] [--steps 300] [--chunk 10] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_BASELINE = "86de546"  # main before the CPU training-step work
+
+# Runs inside each tree (cwd = that tree): one trainer driven over stdin/stdout, one JSON line per
+# command. Imports cover both layouts (worker/nerf/{data,evaluate} and worker/scene/).
+CHILD = r"""
+import json, sys, time, torch
+torch.set_num_threads(int(sys.argv[3]))
+try:
+    from worker.scene.dataset import Dataset, read_meta
+except ImportError:
+    from worker.nerf.data import Dataset, read_meta
+try:
+    from worker.scene.evaluate import evaluate
+except ImportError:
+    from worker.nerf.evaluate import evaluate
+from worker.nerf.trainer import NerfTrainer
+ds = sys.argv[1]
+config = json.loads(sys.argv[2])
+meta = read_meta(ds)
+trainer = NerfTrainer(config, meta, "cpu", Dataset(ds, "train", meta))
+test = Dataset(ds, "test", meta)
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    cmd = json.loads(line)
+    if cmd["op"] == "steps":
+        secs, spr, rays = 0.0, 0.0, 0
+        for _ in range(cmd["n"]):
+            r = trainer.train_step()
+            secs += r["seconds"]
+            spr += r["samples_per_ray"] * r["rays"]
+            rays += r["rays"]
+        print(json.dumps({"seconds": secs, "samples": spr, "rays": rays,
+                          "psnr": r["psnr"], "step": trainer.step}), flush=True)
+    elif cmd["op"] == "eval":
+        t = time.perf_counter()
+        m, _ = evaluate(trainer, test)
+        m["eval_s"] = time.perf_counter() - t
+        print(json.dumps(m), flush=True)
+    else:
+        break
+"""
+
+
+def _dataset(root: Path) -> Path:
+    from experiments.synthetic_scene import make_scene
+    from service.intake.nerf import validate_upload
+
+    z = make_scene(root / "scene.zip", size=100, n_train=60, n_test=10)
+    job = root / "job"
+    job.mkdir()
+    validate_upload(z, "scene.zip", {}, job, None)
+    return job / "dataset"
+
+
+def _baseline_tree(rev: str, dest: Path) -> Path:
+    dest.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
+class Child:
+    def __init__(self, label: str, tree: Path, dataset: Path, config: dict, threads: int):
+        self.label = label
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        env.setdefault("KERNELS_BUILD_DIR", str(REPO / ".kernels-build"))
+        self.p = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(dataset), json.dumps(config), str(threads)],
+            cwd=tree,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.seconds = 0.0
+        self.samples = 0.0
+        self.rays = 0
+        self.step = 0
+        self._read()  # ready (kernels built)
+
+    def _read(self) -> dict:
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.label} trainer exited (code {self.p.wait()})")
+        return json.loads(line)
+
+    def send(self, cmd: dict) -> dict:
+        self.p.stdin.write(json.dumps(cmd) + "\n")
+        self.p.stdin.flush()
+        return self._read()
+
+    def steps(self, n: int) -> dict:
+        r = self.send({"op": "steps", "n": n})
+        self.seconds += r["seconds"]
+        self.samples += r["samples"]
+        self.rays += r["rays"]
+        self.step = r["step"]
+        return r
+
+    def close(self) -> None:
+        try:
+            self.send({"op": "quit"})
+        except (RuntimeError, BrokenPipeError, json.JSONDecodeError):
+            pass
+        self.p.wait(timeout=30)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--baseline", default=DEFAULT_BASELINE, help="git revision to compare with")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--chunk", type=int, default=10, help="steps per turn")
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args(argv)
+
+    from api_schemas.nerf import NerfConfig
+    from experiments.nerf_quality import CPU_CONFIG
+
+    config = NerfConfig(**{**CPU_CONFIG, "steps": a.steps}).model_dump(mode="json")
+    with tempfile.TemporaryDirectory(prefix="nerf_step_bench_") as tmp:
+        root = Path(tmp)
+        dataset = _dataset(root)
+        base_tree = _baseline_tree(a.baseline, root / "baseline")
+        # The baseline's schema had no scene-dependent defaults: give it the resolved value.
+        base_cfg = {**config, "cone_angle": 0.0}
+        load0 = os.getloadavg()[0]
+        t0 = time.monotonic()
+        kids = [
+            Child(f"baseline {a.baseline}", base_tree, dataset, base_cfg, a.threads),
+            Child("this tree", REPO, dataset, config, a.threads),
+        ]
+        try:
+            while any(k.step < a.steps for k in kids):
+                for k in kids:
+                    if k.step < a.steps:
+                        r = k.steps(min(a.chunk, a.steps - k.step))
+                        print(
+                            f"  {k.label:>20}: step {k.step:4d}  {k.seconds:7.1f}s  "
+                            f"train psnr {r['psnr']:.2f}",
+                            flush=True,
+                        )
+            evals = [k.send({"op": "eval"}) for k in kids]
+        finally:
+            for k in kids:
+                k.close()
+        load1 = os.getloadavg()[0]
+        print()
+        print(
+            f"quality-bar scene, {a.steps} steps each, {a.threads} threads, chunks of {a.chunk} "
+            f"steps alternating; load average {load0:.1f} at start, {load1:.1f} at end; "
+            f"{time.monotonic() - t0:.0f}s wall"
+        )
+        print("| code | steps/s | s/step | samples/ray (kept) | test PSNR | test SSIM |")
+        print("|---|---|---|---|---|---|")
+        for k, m in zip(kids, evals):
+            print(
+                f"| {k.label} | {k.step / k.seconds:.3f} | {k.seconds / k.step:.3f} | "
+                f"{k.samples / max(k.rays, 1):.1f} | {m['test_psnr']:.2f} | {m['test_ssim']:.3f} |"
+            )
+        base, new = kids
+        print(
+            f"| ratio (this / baseline) | {base.seconds / new.seconds:.2f}x | | | "
+            f"{evals[1]['test_psnr'] - evals[0]['test_psnr']:+.2f} dB | |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
