@@ -35,7 +35,12 @@ try:
 except ImportError:
     from worker.nerf.data import Dataset, read_meta
 try:
-    from worker.scene.evaluate import evaluate
+    from worker.jobs.nerf import JOB
+    from worker.scene.evaluate import evaluate as scene_evaluate
+
+    def evaluate(trainer, test):
+        view = lambda i: JOB.render_test_view(trainer, test, i)
+        return scene_evaluate(view, test, trainer.eval_background)
 except ImportError:
     from worker.nerf.evaluate import evaluate
 from worker.nerf.trainer import NerfTrainer
