@@ -27,7 +27,9 @@ run: install
 system-deps:
 	bash scripts/system_deps.sh
 
+# The kernels are compiled once up front, so no test's first training pays for the build.
 test: install system-deps
+	$(PY) -m kernels.build
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean-data:
