@@ -22,6 +22,7 @@ from api_schemas.jobs import Job, JobKind
 from core.settings import Settings
 from core.storage import JobPaths
 from core.store import JobStore
+from worker.errors import RenderError  # noqa: F401  (kind modules raise it from here)
 
 
 class UnknownKind(LookupError):
@@ -39,15 +40,6 @@ class JobInterrupted(Exception):
 
 # Set in a pool process when its worker is told to stop (worker/tasks.py installs the handler).
 STOP = threading.Event()
-
-
-class RenderError(Exception):
-    """A render request the job cannot serve; becomes an HTTP error with `detail`."""
-
-    def __init__(self, status_code: int, detail: str):
-        super().__init__(detail)
-        self.status_code = status_code
-        self.detail = detail
 
 
 def get_kind_module(kind: str) -> ModuleType:

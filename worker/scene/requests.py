@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from core.scene_format import REQUEST_RIGID_TOL
-from worker.jobs import RenderError
+from worker.errors import RenderError
 from worker.scene.cameras import (
     RenderCamera,
     as_c2w,
