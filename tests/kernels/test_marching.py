@@ -6,6 +6,9 @@ import kernels
 
 def sphere_grid(n_cascades=2, res=32):
     g = kernels.OccupancyGrid([-1, -1, -1, 1, 1, 1], resolution=res, n_cascades=n_cascades)
+    # The update jitters its probe points with the global RNG: seed it so every test sees the
+    # same grid whatever ran before (a lattice midpoint one ulp from a cell face flips otherwise).
+    torch.manual_seed(0)
     g.update(lambda x: 50.0 * ((x.norm(dim=-1) - 0.6).abs() < 0.15).float(), warmup=True)
     return g
 

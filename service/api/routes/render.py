@@ -15,7 +15,7 @@ from api_schemas.jobs import JobStatus
 from api_schemas.render import PathJob, PathRequest, RenderRequest
 from core import path_jobs
 from core.settings import Settings
-from core.storage import LocalStorage
+from core.storage import LocalStorage, latest_checkpoint_step
 from core.store import JobStore
 from service.api.deps import (
     JOB_GUARDS,
@@ -103,6 +103,12 @@ def _check(store: JobStore, job_id: str):
     if job.status not in (JobStatus.succeeded, JobStatus.running):
         raise HTTPException(
             409, f"job is {job.status.value}; renders need a running or succeeded job"
+        )
+    # Answered here rather than by a worker: a preview must not wait behind the training that
+    # has not written its first checkpoint yet (one worker may serve both queues).
+    if latest_checkpoint_step(store.storage.paths(job_id).checkpoints) is None:
+        raise HTTPException(
+            409, f"job is {job.status.value} and has no checkpoint yet; try again shortly"
         )
     return job
 
