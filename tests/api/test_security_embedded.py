@@ -16,20 +16,7 @@ from pathlib import Path
 import httpx
 
 from service.auth import DEV_KEY
-from tests.support.stack import REPO, auth_headers, free_port, png_bytes
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry))
-    return out
+from tests.support.stack import REPO, auth_headers, child_pids, free_port, png_bytes
 
 
 def _alive(pid: int) -> bool:
@@ -122,7 +109,7 @@ def test_make_run_stops_trainings_and_dies_with_its_parent(tmp_path):
         _wait(lambda: _statuses(data, job_id)[-1] == "running", 60, "resume", log)
         _wait(lambda: int((ckpts / "latest").read_text()) > step, 60, "a newer checkpoint", log)
         worker_pid = int(re.findall(r"worker pid (\d+)", log.read_text())[-1])
-        pool = _children(worker_pid)
+        pool = child_pids(worker_pid)
         assert pool, "no pool process found"
         proc.kill()
         proc.wait()

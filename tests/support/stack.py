@@ -50,6 +50,20 @@ def auth_headers(token: str = TEST_KEY) -> dict[str, str]:
 REDIS_HOST, REDIS_PORT = "127.0.0.1", int(os.environ.get("NF_TEST_REDIS_PORT", "6379"))
 
 
+def child_pids(pid: int) -> list[int]:
+    """Pids whose parent is `pid` (read from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

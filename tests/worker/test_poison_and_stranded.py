@@ -11,22 +11,9 @@ import signal
 import time
 import uuid
 
-from tests.support.stack import png_bytes
+from tests.support.stack import child_pids, png_bytes
 
 LONG = {"steps": 200000, "resolution": 16}
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry))
-    return out
 
 
 def _starts(stack, job_id: str) -> int:
@@ -51,7 +38,7 @@ def test_a_training_whose_worker_is_killed_three_times_fails(stack_factory):
     worker = stack.workers[0]
     for kill in range(1, 4):
         _wait(lambda k=kill: _starts(stack, job_id) >= k, 60, f"training start {kill}", stack)
-        for pid in _children(worker.pid):
+        for pid in child_pids(worker.pid):
             os.kill(pid, signal.SIGKILL)
     job = stack.wait_status(job_id, "failed", timeout=60)
     assert "worker lost 3 times" in job["error"] and "MAX_WORKER_LOSSES" in job["error"]
