@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from core import fs_transport
 from core.settings import Settings
 
 TRAIN_QUEUE = "train"
@@ -73,7 +74,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         }
     else:
         d = broker_dirs(settings)
-        conf["broker_url"] = "filesystem://"
+        conf["broker_url"] = f"{fs_transport.ALIAS}://"
         conf["broker_transport_options"] = {
             "data_folder_in": str(d["queue"]),
             "data_folder_out": str(d["queue"]),
