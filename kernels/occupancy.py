@@ -12,6 +12,8 @@ from . import _ext
 from .hash_grid import _check_backend
 
 MIN_OPTICAL_THICKNESS = 0.01  # NERF_MIN_OPTICAL_THICKNESS: cells below min(this, mean) are empty
+# Density of a cell no training camera sees (instant-ngp's -1): every negative density means that.
+UNSEEN = -1.0
 
 
 def _expand_bits(v: torch.Tensor) -> torch.Tensor:
@@ -92,12 +94,78 @@ def bitfield_reference(density: torch.Tensor, thresh: float) -> torch.Tensor:
     return out
 
 
+def frustum_planes(
+    c2w: torch.Tensor,
+    intrinsics: torch.Tensor,
+    sizes: torch.Tensor,
+    near: float = 0.0,
+    margin: float = 0.0,
+) -> torch.Tensor:
+    """The five planes bounding each pinhole camera's view: four through the image's edges (grown
+    by `margin`) and one at depth `near`.
+
+    Args:
+        c2w: (M, 3|4, 4) camera-to-world, OpenGL axes (x right, y up, looking down -z); an
+            invertible rotation block (a non-rigid one is inverted, not assumed orthonormal).
+        intrinsics: (M, 4) fx, fy, cx, cy in pixels, image y down.
+        sizes: (M, 2) image width, height in pixels.
+        near: depth in front of the camera where its view begins.
+        margin: fraction of the width (height) added to the left and right (top and bottom).
+
+    Returns:
+        (M, 5, 4) float64 planes (nx, ny, nz, d) with unit normals: a world point p is inside
+        camera m's view when n . p + d <= 0 for all five, and n . p + d is its distance outside.
+
+    Raises:
+        ValueError: shapes do not match, or a focal length or image size is not positive.
+    """
+    m_n = c2w.shape[0]
+    if (
+        c2w.ndim != 3
+        or tuple(c2w.shape[1:]) not in ((3, 4), (4, 4))
+        or tuple(intrinsics.shape) != (m_n, 4)
+        or tuple(sizes.shape) != (m_n, 2)
+    ):
+        raise ValueError(
+            "expected c2w (M, 3|4, 4), intrinsics (M, 4) and sizes (M, 2); got "
+            f"{tuple(c2w.shape)}, {tuple(intrinsics.shape)}, {tuple(sizes.shape)}"
+        )
+    c2w, intrinsics, sizes = c2w.double(), intrinsics.double(), sizes.double()
+    fx, fy, cx, cy = intrinsics.unbind(1)
+    w, h = sizes.unbind(1)
+    if not ((fx > 0) & (fy > 0) & (w > 0) & (h > 0)).all():
+        raise ValueError("focal lengths and image sizes must be positive")
+    # Rows of the inverse rotation read a world offset q = p - eye in camera axes:
+    # x = ax . q, y = ay . q, depth = -az . q.
+    ax, ay, az = torch.linalg.inv(c2w[:, :3, :3]).unbind(1)
+    eye = c2w[:, :3, 3]
+    # Tangent bounds of the grown image: x / depth in [x0, x1], (image-down = -y) / depth in [y0, y1].
+    x0, x1 = (-margin * w - cx) / fx, ((1 + margin) * w - cx) / fx
+    y0, y1 = (-margin * h - cy) / fy, ((1 + margin) * h - cy) / fy
+    normals = torch.stack(
+        [
+            ax + x1[:, None] * az,  # x - x1 * depth <= 0
+            -ax - x0[:, None] * az,  # x0 * depth - x <= 0
+            -ay + y1[:, None] * az,  # -y - y1 * depth <= 0
+            ay - y0[:, None] * az,  # y0 * depth + y <= 0
+            az,  # near - depth <= 0
+        ],
+        1,
+    )
+    offsets = -(normals * eye[:, None, :]).sum(-1)
+    offsets[:, 4] += near
+    length = normals.norm(dim=-1)
+    return torch.cat([normals, offsets[..., None]], -1) / length[..., None]
+
+
 class OccupancyGrid(nn.Module):
     """Cascaded occupancy grid over `aabb` (cascade 0); cascade c covers aabb scaled 2^c about its centre.
 
     Densities live in `density` (C, R^3, morton order) as optical thickness sigma * step; the
     bitfield `bits` (C, bytes) holds, per cascade, mip 0 and its max-pooled mips. A fresh grid
-    is all occupied, so marching before the first update samples everywhere.
+    is all occupied, so marching before the first update samples everywhere. `mark_unseen` gives
+    the cells no training camera sees the density UNSEEN (negative): they stay empty, no update
+    samples or raises them, and the threshold's mean leaves them out.
     """
 
     def __init__(
@@ -166,10 +234,12 @@ class OccupancyGrid(nn.Module):
         threshold: float = MIN_OPTICAL_THICKNESS,
         chunk: int = 2**18,
     ) -> None:
-        """One EMA update: density = max(density * decay, new samples) over every cell, then binarize.
+        """One EMA update: density = max(density * decay, new samples) over the seen cells, then
+        binarize.
 
         Warmup samples every cell; afterwards a quarter of the cells at random plus a quarter drawn
-        from the currently occupied ones (instant-ngp), each point jittered inside its cell.
+        from the currently occupied ones (instant-ngp), each point jittered inside its cell. Cells
+        marked UNSEEN are neither drawn (the quarters are of the other cells) nor changed.
 
         Args:
             density_fn: (N, 3) world points -> sigma (N,) or (N, 1); called in chunks.
@@ -180,15 +250,19 @@ class OccupancyGrid(nn.Module):
         """
         dev = self.density.device
         fresh = torch.zeros_like(self.density)
+        seen = self.density >= 0
+        layout = bitfield_layout(self.resolution)
         for c in range(self.n_cascades):
+            live = seen[c].nonzero().squeeze(1)
             if warmup:
-                cells = torch.arange(self.n_cells, device=dev)
+                cells = live
             else:
-                k = self.n_cells // 4
-                uniform = torch.randint(0, self.n_cells, (k,), device=dev)
-                # "Occupied" as the current bitfield says (density > min(threshold, mean)).
-                layout = bitfield_layout(self.resolution)
-                occ = _unpack(self.bits[c, : layout[1]], self.n_cells).nonzero().squeeze(1)
+                k = live.numel() // 4
+                uniform = live[torch.randint(0, max(live.numel(), 1), (k,), device=dev)]
+                # "Occupied" as the current bitfield says (density > min(threshold, mean)); a
+                # finer cascade's pooled occupancy can set the bit of an unseen cell.
+                occ = (_unpack(self.bits[c, : layout[1]], self.n_cells) & seen[c]).nonzero()
+                occ = occ.squeeze(1)
                 picked = (
                     occ[torch.randint(0, occ.numel(), (k,), device=dev)] if occ.numel() else occ
                 )
@@ -198,7 +272,9 @@ class OccupancyGrid(nn.Module):
                 idx = cells[s : s + chunk]
                 sigma = density_fn(self.cell_points(c, idx)).reshape(-1).float()
                 fresh[c].scatter_reduce_(0, idx, sigma.clamp_min(0) * step, reduce="amax")
-        self.density.copy_(torch.maximum(self.density * decay, fresh))
+        self.density.copy_(
+            torch.where(seen, torch.maximum(self.density * decay, fresh), self.density)
+        )
         self.n_updates += 1
         self.binarize(threshold)
 
@@ -224,18 +300,108 @@ class OccupancyGrid(nn.Module):
     ) -> None:
         """Recompute the bitfield `bits` (C, bytes): occupied where density > min(threshold, mean).
 
+        The mean is over the cells some camera sees (density >= 0): counting UNSEEN cells as empty
+        would pull it, and so the threshold, down as more of the box is unseen. UNSEEN cells are
+        below any threshold, so they are empty.
+
         Args:
             threshold: optical-thickness threshold (instant-ngp's 0.01).
             backend: "ext" or "reference"; default the grid's.
         """
+        seen = self.density >= 0
+        mean = self.density.clamp_min(0).sum() / seen.sum().clamp_min(1)
+        self._set_bits(self.density, min(threshold, float(mean)), backend)
+
+    def _set_bits(self, density: torch.Tensor, thresh: float, backend: str | None) -> None:
         backend = backend or self.backend
-        thresh = min(threshold, float(self.density.clamp_min(0).mean()))
         if backend == "reference":
-            self.bits.copy_(bitfield_reference(self.density, thresh))
+            self.bits.copy_(bitfield_reference(density, thresh))
         else:
-            self.bits.copy_(
-                _ext.for_tensor(self.density).occ_bitfield(self.density.contiguous(), thresh)
-            )
+            self.bits.copy_(_ext.for_tensor(density).occ_bitfield(density.contiguous(), thresh))
+
+    @torch.no_grad()
+    def mark_unseen(
+        self,
+        c2w: torch.Tensor,
+        intrinsics: torch.Tensor,
+        sizes: torch.Tensor,
+        *,
+        near: float = 0.0,
+        margin: float = 0.01,
+        chunk: int = 2**21,
+    ) -> int:
+        """Mark the cells no camera sees as UNSEEN, so that they stay empty (instant-ngp's
+        mark_untrained_density_grid, nerfacc's invisible cells).
+
+        A cell is seen when its bounding sphere reaches into a camera's pinhole frustum (the image
+        grown by `margin`, from depth `near` on; `frustum_planes`). The sphere keeps the test
+        conservative: a cell that only grazes a frustum, or is wider than the frustum where it
+        crosses it, counts as seen. Only cells no camera sees are marked; a cell marked before that
+        a camera now sees gets density 0 and its bit set, to be sampled until an update decides.
+        Marked cells lose their bit now (and the mips are rebuilt); the other bits are kept, so a
+        fresh grid still samples every seen cell before its first update.
+
+        Args:
+            c2w: (M, 3|4, 4) camera-to-world in the grid's frame, OpenGL axes (x right, y up,
+                looking down -z).
+            intrinsics: (M, 4) fx, fy, cx, cy in pixels, image y down. A lens with distortion
+                needs the pinhole image that holds all of its rays.
+            sizes: (M, 2) image width, height in pixels.
+            near: depth in front of each camera where its view begins.
+            margin: fraction of the width (height) added to each side of every image.
+            chunk: cell-camera pairs tested at once (memory is ~20 bytes per pair).
+
+        Returns:
+            The number of UNSEEN cells after the call, out of n_cascades * resolution^3.
+        """
+        dev = self.density.device
+        planes = frustum_planes(
+            torch.as_tensor(c2w), torch.as_tensor(intrinsics), torch.as_tensor(sizes), near, margin
+        )
+        m_n = planes.shape[0]
+        planes = planes.float().to(dev)
+        normals = planes[..., :3].reshape(-1, 3).T.contiguous()  # (3, 5M)
+        offsets = planes[..., 3].reshape(-1)  # (5M,)
+        step = max(1, chunk // max(m_n, 1))
+        levels = self.resolution.bit_length() - 1
+        unseen = torch.ones_like(self.density, dtype=torch.bool)
+        for c in range(self.n_cascades):
+            ext = torch.tensor(self.half, device=dev) * 2.0**c
+            low = torch.tensor(self.center, device=dev) - ext
+            r_cell = float((ext / self.resolution).norm())
+            # Coarse to fine over morton blocks (block b of a level holds cells [b k^3, (b+1) k^3)):
+            # a block whose ball lies outside some plane of every camera leaves all its cells
+            # unseen, one that a camera's planes hold with room for each cell's ball makes them all
+            # seen; only the rest split into their 8 children. Both shortcuts follow from the
+            # cell test (planes are 1-Lipschitz, a cell's ball sits inside its block's), so the
+            # result is the cell-by-cell test's.
+            blocks = torch.zeros(1, dtype=torch.int64, device=dev)
+            for level in range(levels + 1):
+                k = 1 << (levels - level)
+                r_block = k * r_cell
+                ijk = torch.stack([morton3d_invert(blocks >> s) for s in range(3)], 1)
+                centres = low + (ijk.float() + 0.5) * (2 * k / self.resolution) * ext
+                split = []
+                for s in range(0, blocks.numel(), step):
+                    ids = blocks[s : s + step]
+                    dist = torch.addmm(offsets, centres[s : s + step], normals)
+                    worst = dist.view(ids.numel(), m_n, 5).amax(2)  # (n, M): farthest outside
+                    whole = (worst <= 2 * r_cell - r_block).any(1)
+                    some = (worst <= r_block).any(1)
+                    unseen[c].view(-1, k**3)[ids[whole]] = False
+                    split.append(ids[some & ~whole])
+                mixed = torch.cat(split)
+                if not mixed.numel():
+                    break
+                blocks = (mixed[:, None] * 8 + torch.arange(8, device=dev)).reshape(-1)
+        was = self.density < 0
+        self.density[unseen] = UNSEEN
+        self.density[was & ~unseen] = 0.0
+        layout = bitfield_layout(self.resolution)
+        occ = torch.stack([_unpack(b[: layout[1]], self.n_cells) for b in self.bits])
+        keep = torch.where(unseen, UNSEEN, (occ | was).float())
+        self._set_bits(keep, 0.5, None)
+        return int(unseen.sum())
 
     def occupancy(self, cascade: int = 0, mip: int = 0) -> torch.Tensor:
         """Occupancy of one cascade and mip, to inspect or save.

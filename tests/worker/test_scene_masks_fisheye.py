@@ -80,3 +80,35 @@ def test_masked_pixels_are_never_sampled(tmp_path):
     pinhole = Dataset(tmp_path, "train")
     pinhole.frames[i].fisheye = False
     assert not torch.allclose(pinhole.frame_rays(i)[1], d, atol=1e-3)
+
+
+def test_pinhole_views_hold_every_ray_of_distorted_and_fisheye_frames(tmp_path):
+    frames = [
+        SceneFrame(np.zeros((30, 40, 3), np.uint8), c2w, 30.0, 32.0, 19.0, 16.0, split=split)
+        for c2w, split in zip(ring(5), ["train"] * 4 + ["test"])
+    ]
+    frames[1].distortion = {"k1": -0.25, "k2": 0.05, "p1": 0.004}  # barrel: wider than pinhole
+    frames[2].camera_model, frames[2].distortion = FISHEYE, {"k1": 0.05, "k2": -0.01}
+    frames[3].camera_model = FISHEYE  # equidistant, no coefficients
+    write_scene(tmp_path, frames, source_format="test")
+    data = Dataset(tmp_path, "train")
+    intr, sizes = data.pinhole_views()
+    assert torch.equal(intr[0], data.intrinsics[0]) and sizes[0].tolist() == [40.0, 30.0]
+    for i in (1, 2, 3):
+        o, d = data.frame_rays(i)
+        # Camera axes (OpenGL), then the pinhole pixel each ray passes through.
+        cam = d @ data.c2w[i, :3, :3]
+        depth = -cam[:, 2]
+        fx, fy, cx, cy = intr[i].tolist()
+        u, v = cx + fx * cam[:, 0] / depth, cy - fy * cam[:, 1] / depth
+        w, h = sizes[i].tolist()
+        assert (u >= -1e-3).all() and (u <= w + 1e-3).all()
+        assert (v >= -1e-3).all() and (v <= h + 1e-3).all()
+        # Tight: the rays through the outermost pixel centres (half a pixel from the edge, more
+        # where the lens stretches) come within two pixels of each edge.
+        assert u.min() < 2 and u.max() > w - 2 and v.min() < 2 and v.max() > h - 2
+        assert (w, h) != (40.0, 30.0)
+    # A fisheye that sees past 90 degrees off its axis has no pinhole view.
+    frames[2].fx = frames[2].fy = 8.0
+    write_scene(tmp_path / "wide", frames, source_format="test")
+    assert Dataset(tmp_path / "wide", "train").pinhole_views() is None

@@ -3,6 +3,7 @@ a checkpoint (tensors + JSON meta) so a redelivered task continues where it stop
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any
@@ -15,6 +16,8 @@ from worker.nerf.model import NerfField
 from worker.nerf.rendering import RenderStats, render_rays
 from worker.scene.dataset import Dataset, background_rgb, composite_background
 from worker.scene.metrics import psnr_from_mse as psnr
+
+log = logging.getLogger(__name__)
 
 MIN_RAYS = 64
 # Bumped when the checkpoint's tensors change meaning; an older checkpoint is not resumed.
@@ -71,6 +74,8 @@ class NerfTrainer:
             step_size=self.step_size,
             backend=self.backend,
         ).to(self.device)
+        if data is not None:
+            self._mark_unseen(data)
         self.opt = torch.optim.Adam(
             self.field.mlp_param_groups(config["weight_decay"]),
             lr=config["lr"],
@@ -105,6 +110,21 @@ class NerfTrainer:
                     x, torch.nn.functional.normalize(torch.ones(8, 3, device=self.device), dim=1)
                 )
                 self.grid.is_occupied(x)
+
+    def _mark_unseen(self, data: Dataset) -> None:
+        # Cells no training camera sees stay empty: no ray marches through them and no grid
+        # update spends density evaluations on them (instant-ngp's mark_untrained_density_grid).
+        views = data.pinhole_views()
+        if views is None:  # a lens past 90 degrees: counted as seeing everything, as instant-ngp
+            return
+        intrinsics, sizes = views
+        self.grid.mark_unseen(data.c2w.to(self.device), intrinsics, sizes)
+        log.info("occupancy grid: %.1f %% of the cells unseen", 100 * self.unseen_fraction)
+
+    @property
+    def unseen_fraction(self) -> float:
+        """Share of the occupancy grid's cells no training camera sees (kept empty)."""
+        return float((self.grid.density < 0).float().mean())
 
     # -- optimisation --------------------------------------------------------------------
     def lr_at(self, step: int) -> float:

@@ -200,6 +200,41 @@ class Dataset:
             idx = torch.cat(found)[:n]
         return self.rays_of(idx)
 
+    def pinhole_views(self, samples: int = 129) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Pinhole cameras whose images hold every ray of the frames (for frustum tests).
+
+        A frame without distortion is its own. A distorted or fisheye frame keeps its focal
+        lengths; its principal point and image size become the tangent bounds of the rays through
+        `samples` points along each edge of the image (the lens maps the image's border to the
+        border of its view, so the edges bound every ray).
+
+        Returns:
+            intrinsics (M, 4) fx, fy, cx, cy and sizes (M, 2) width, height, float32 pixels with
+            the frames' c2w; None when a frame sees 90 degrees or more off its axis, more than
+            any pinhole image holds.
+        """
+        intrinsics = self.intrinsics.clone()
+        sizes = torch.tensor([[f.w, f.h] for f in self.frames], dtype=torch.float32)
+        if self.distortion is None:
+            return intrinsics, sizes
+        t = torch.linspace(0, 1, samples)
+        zero, one = torch.zeros_like(t), torch.ones_like(t)
+        u, v = torch.cat([t, t, zero, one]), torch.cat([zero, one, t, t])
+        for i, f in enumerate(self.frames):
+            if not (f.distortion or f.fisheye):
+                continue
+            fe = None if self.fisheye is None else self.fisheye[i].expand(u.shape)
+            _, d = rays_from_pixels(
+                torch.eye(4), self.intrinsics[i], u * f.w, v * f.h, self.distortion[i], fe
+            )
+            forward = -d[:, 2]  # camera looks down -z
+            if bool((forward <= 1e-3).any()):
+                return None
+            tx, ty = d[:, 0] / forward, -d[:, 1] / forward  # ty: image down
+            intrinsics[i, 2], intrinsics[i, 3] = -tx.min() * f.fx, -ty.min() * f.fy
+            sizes[i, 0], sizes[i, 1] = (tx.max() - tx.min()) * f.fx, (ty.max() - ty.min()) * f.fy
+        return intrinsics, sizes
+
     def frame_rays(self, i: int):
         """All rays of frame i, (H*W, 3) origins and unit directions, row-major like frame_rgba."""
         f = self.frames[i]
