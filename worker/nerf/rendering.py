@@ -1,10 +1,13 @@
 """Volume rendering of packed samples: march the occupancy grid, cull hidden samples, composite.
 
-Culling (nerfacc's estimator trick): one gradient-free density pass over every marched sample
-finds those behind an opaque surface (transmittance < 1e-4) or in empty space (alpha below a
+Culling (nerfacc's estimator trick): a gradient-free density pass over the marched samples finds
+those behind an opaque surface (transmittance < 1e-4) or in empty space (alpha below a
 threshold); only the rest go through the full network, with gradients when training. Inside
-solid objects the grid is occupied, so without this most samples would be wasted. The hash-grid
-features of that pass are kept and reused for the kept samples, so no sample is encoded twice.
+solid objects the grid is occupied, so without this most samples would be wasted. Rays are
+marched in rounds of growing length, and a ray whose transmittance has run out is not marched
+further (instant-ngp's compacted marching), so samples behind a surface are mostly never made.
+The hash-grid features of that pass are kept and reused for the kept samples, so no sample is
+encoded twice.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from kernels import OccupancyGrid, composite, march_rays
 
 EARLY_STOP_T = 1e-4
 SAMPLE_CHUNK = 1 << 18
+# Samples per ray in the first marching round; each later round marches twice as many. Most rays
+# of a trained field end within a few samples of their surface, so short rounds waste little.
+FIRST_ROUND = 4
 
 
 @dataclass
@@ -52,24 +58,94 @@ def _encode_chunked(field, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 
 @torch.no_grad()
-def visible(
-    sigma: torch.Tensor,
-    t0: torch.Tensor,
-    t1: torch.Tensor,
-    offsets: torch.Tensor,
-    ray_indices: torch.Tensor,
+def march_visible(
+    field,
+    grid: OccupancyGrid,
+    rays_o: torch.Tensor,
+    rays_d: torch.Tensor,
+    *,
+    step: float,
+    cone_angle: float = 0.0,
+    max_samples: int = 1024,
+    stratified: bool = False,
     alpha_threshold: float = 0.0,
-) -> torch.Tensor:
-    """Mask of samples still seen from the camera (exclusive transmittance >= EARLY_STOP_T)."""
-    tau = (sigma * (t1 - t0)).double()
-    cs = torch.cumsum(tau, 0)
-    # Segmented exclusive sum: subtract the running total at the start of each ray.
-    before = torch.cat([cs.new_zeros(1), cs])[offsets[:-1]][ray_indices]
-    excl = cs - tau - before
-    keep = excl <= -torch.log(torch.tensor(EARLY_STOP_T, dtype=torch.float64))
-    if alpha_threshold > 0:
-        keep &= (1.0 - torch.exp(-tau)) >= alpha_threshold
-    return keep
+):
+    """The samples a ray still sees, marched in rounds until each ray is opaque or leaves the box.
+
+    A round continues a ray from the end of its last sample, so the samples are those one march
+    would give; only a ray's samples past the point where its transmittance fell below
+    EARLY_STOP_T are never marched (nor encoded).
+
+    Args:
+        rays_o, rays_d: (N, 3) origins and unit directions.
+        step, cone_angle, max_samples, stratified: as `march_rays` (max_samples over all rounds).
+        alpha_threshold: also drop samples with alpha below this.
+
+    Returns:
+        (ray_indices (S,) int64, t_starts (S,), t_ends (S,), features (S, n_features) without
+        gradients, n_marched): the kept samples sorted by ray, then t.
+    """
+    n = rays_o.shape[0]
+    dev = rays_o.device
+    tau_max = -torch.log(torch.tensor(EARLY_STOP_T, dtype=torch.float64)).item()
+    alive = torch.arange(n, device=dev)
+    near = torch.zeros(n, device=dev)
+    tau_total = torch.zeros(n, dtype=torch.float64, device=dev)
+    parts: list[tuple[torch.Tensor, ...]] = []
+    marched, k, first, used = 0, FIRST_ROUND, True, 0
+    while alive.numel() and used < max_samples:
+        # Every live ray filled all earlier rounds, so all have `used` samples.
+        cap = min(k, max_samples - used)
+        s = march_rays(
+            rays_o.index_select(0, alive),
+            rays_d.index_select(0, alive),
+            grid,
+            near=near.index_select(0, alive),
+            render_step_size=step,
+            cone_angle=cone_angle,
+            max_samples=cap,
+            stratified=stratified and first,
+        )
+        first = False
+        m = s.t_starts.numel()
+        if not m:
+            break
+        marched += m
+        ri = alive.index_select(0, s.ray_indices)
+        t0, t1 = s.t_starts, s.t_ends
+        t_mid = (0.5 * (t0 + t1))[:, None]
+        pos = torch.addcmul(rays_o.index_select(0, ri), t_mid, rays_d.index_select(0, ri))
+        enc, sigma = _encode_chunked(field, pos)
+        tau = (sigma * (t1 - t0)).double()
+        cs = torch.cumsum(tau, 0)
+        # Segmented exclusive sum within the round, plus what earlier rounds accumulated.
+        before = torch.cat([cs.new_zeros(1), cs])[s.offsets[:-1]].index_select(0, s.ray_indices)
+        excl = cs - tau - before + tau_total.index_select(0, ri)
+        keep = excl <= tau_max
+        if alpha_threshold > 0:
+            keep &= (1.0 - torch.exp(-tau)) >= alpha_threshold
+        idx = keep.nonzero().squeeze(1)
+        parts.append((ri.index_select(0, idx), t0.index_select(0, idx), t1.index_select(0, idx),
+                      enc.index_select(0, idx)))
+        tau_total.index_add_(0, ri, tau)
+        last = (s.offsets[1:] - 1).clamp_min(0)
+        near.index_copy_(0, alive, torch.where(s.counts > 0, t1.index_select(0, last),
+                                               near.index_select(0, alive)))
+        # A ray goes on only if it filled this round (it may have more samples) and still sees
+        # through.
+        go = (s.counts == cap) & (tau_total.index_select(0, alive) <= tau_max)
+        alive = alive[go]
+        used += cap
+        k *= 2
+    if not parts:
+        z = torch.zeros(0, device=dev)
+        return torch.zeros(0, dtype=torch.int64, device=dev), z, z, None, marched
+    ri, t0, t1, enc = (torch.cat(c) if len(parts) > 1 else c[0] for c in zip(*parts))
+    if len(parts) > 1:
+        # Rounds are in t order per ray: a stable sort by ray keeps each ray's samples in t order.
+        order = torch.sort(ri, stable=True).indices
+        ri, t0, t1, enc = (v.index_select(0, order) for v in (ri, t0, t1, enc))
+    return ri, t0, t1, enc, marched
 
 
 def render_rays(
@@ -90,25 +166,20 @@ def render_rays(
     Differentiable w.r.t. the field when called with grad enabled.
     """
     n = rays_o.shape[0]
-    s = march_rays(
+    ri, t0, t1, enc, marched = march_visible(
+        field,
+        grid,
         rays_o,
         rays_d,
-        grid,
-        render_step_size=step,
+        step=step,
         cone_angle=cone_angle,
         max_samples=max_samples,
         stratified=stratified,
+        alpha_threshold=alpha_threshold,
     )
-    ri, t0, t1 = s.ray_indices, s.t_starts, s.t_ends
-    marched = int(ri.numel())
-    enc = None
-    if marched:
+    if ri.numel():
         t_mid = (0.5 * (t0 + t1))[:, None]
         pos = torch.addcmul(rays_o.index_select(0, ri), t_mid, rays_d.index_select(0, ri))
-        enc, sigma_all = _encode_chunked(field, pos)
-        keep = visible(sigma_all, t0, t1, s.offsets, ri, alpha_threshold).nonzero().squeeze(1)
-        ri, t0, t1 = ri.index_select(0, keep), t0.index_select(0, keep), t1.index_select(0, keep)
-        pos, enc = pos.index_select(0, keep), enc.index_select(0, keep)
     kept = int(ri.numel())
     offsets = _offsets(ri, n)
     if kept:
