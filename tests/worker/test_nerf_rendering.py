@@ -75,9 +75,7 @@ def test_rounds_keep_the_samples_of_one_march(max_samples):
     o, d = _rays()
     step = grid.step_size
     s, keep = _one_march(field, grid, o, d, step, max_samples)
-    ri, t0, t1, enc, marched = march_visible(
-        field, grid, o, d, step=step, max_samples=max_samples
-    )
+    ri, t0, t1, enc, marched = march_visible(field, grid, o, d, step=step, max_samples=max_samples)
     assert torch.equal(ri, s.ray_indices[keep])
     assert torch.equal(t0, s.t_starts[keep]) and torch.equal(t1, s.t_ends[keep])
     assert torch.allclose(enc, field.encode(s.midpoints(o, d)[keep]), atol=1e-6)

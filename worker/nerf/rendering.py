@@ -125,12 +125,21 @@ def march_visible(
         if alpha_threshold > 0:
             keep &= (1.0 - torch.exp(-tau)) >= alpha_threshold
         idx = keep.nonzero().squeeze(1)
-        parts.append((ri.index_select(0, idx), t0.index_select(0, idx), t1.index_select(0, idx),
-                      enc.index_select(0, idx)))
+        parts.append(
+            (
+                ri.index_select(0, idx),
+                t0.index_select(0, idx),
+                t1.index_select(0, idx),
+                enc.index_select(0, idx),
+            )
+        )
         tau_total.index_add_(0, ri, tau)
         last = (s.offsets[1:] - 1).clamp_min(0)
-        near.index_copy_(0, alive, torch.where(s.counts > 0, t1.index_select(0, last),
-                                               near.index_select(0, alive)))
+        near.index_copy_(
+            0,
+            alive,
+            torch.where(s.counts > 0, t1.index_select(0, last), near.index_select(0, alive)),
+        )
         # A ray goes on only if it filled this round (it may have more samples) and still sees
         # through.
         go = (s.counts == cap) & (tau_total.index_select(0, alive) <= tau_max)
