@@ -138,7 +138,7 @@ struct Net {
     }
 };
 
-// density: n_in -> ... -> 1 + n_geo; color (when n_sh > 0): n_sh + n_geo -> ... -> 3.
+// density: n_in -> ... -> 1 + n_geo; color (absent for sigma alone): n_sh + n_geo -> ... -> 3.
 struct Field {
     Net density, color;
     int64_t n_in = 0, n_sh = 0, n_geo = 0;
@@ -379,7 +379,8 @@ inline void field_forward(int isa, const Field& f, const float* enc, const float
 #pragma omp parallel num_threads(n_threads)
     {
         Workspace ws(f, p.block);
-#pragma omp for schedule(static)
+        // Dynamic: on a shared machine one thread may be descheduled for a while.
+#pragma omp for schedule(dynamic, 4)
         for (int64_t b = 0; b < n_blocks; ++b) {
             const int64_t r0 = b * p.block, nb = n - r0 < p.block ? n - r0 : p.block;
             field_forward_block(k, f, enc, sh, r0, nb, ws.dact, ws.cact, ws.cin, sigma, rgb);
