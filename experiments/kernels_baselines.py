@@ -11,7 +11,9 @@ would do instead, so the benchmark can print the compiled kernels' ratio against
 - `composite_tuned`: fp32 throughout, samples scattered into a padded (n_rays, max_samples) block
   so the exclusive cumsum is per ray (no cancellation against a global total), no extra pass;
 - `march_tuned`: constant steps only; every lattice point of every ray generated at once (rays in
-  chunks), occupancy tested in one vectorised lookup, the first max_samples kept per ray.
+  chunks), occupancy tested in one vectorised lookup, the first max_samples kept per ray;
+- `nerf_mlp_tuned`: the NeRF field's MLPs as NerfField ran them before kernels.nerf_mlp, one
+  nn.Linear (a oneDNN/MKL product over all rows) and one in-place ReLU per layer.
 
 tests/kernels/test_baselines.py holds each against its reference.
 """
@@ -25,6 +27,7 @@ import torch
 from kernels.composite import EARLY_STOP_T
 from kernels.hash_grid import PRIMES
 from kernels.marching import PackedSamples
+from kernels.mlp import trunc_exp
 
 
 # ------------------------------------------------------------------------------------ hash grid
@@ -168,3 +171,14 @@ def march_tuned(rays_o, rays_d, grid, step, max_samples=1024, chunk=2048) -> Pac
     offsets = torch.zeros(rays_o.shape[0] + 1, dtype=torch.long, device=dev)
     torch.cumsum(counts, 0, out=offsets[1:])
     return PackedSamples(ri, t0, t0 + step, offsets, counts)
+
+
+# ------------------------------------------------------------------------------------ NeRF MLPs
+def nerf_mlp_tuned(enc, density_net, sh=None, color_net=None, density_shift=1.0):
+    """kernels.nerf_mlp over nn.Sequential networks (nn.Linear, nn.ReLU(inplace=True)) -> sigma
+    (N,), rgb (N, 3) or None without sh."""
+    h = density_net(enc)
+    sigma = trunc_exp(h[:, 0] - density_shift)
+    if sh is None:
+        return sigma, None
+    return sigma, torch.sigmoid(color_net(torch.cat([sh, h[:, 1:]], dim=1)))

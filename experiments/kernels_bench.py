@@ -141,6 +141,65 @@ def bench_bitfield(device):
     )
 
 
+def _nerf_mlps(device):
+    # NerfField's default networks: 32 -> 64 -> 16 (density), 16 + 15 -> 64 -> 64 -> 3 (colour).
+    def seq(*dims):
+        layers = []
+        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+            layers.append(torch.nn.Linear(a, b))
+            if i < len(dims) - 2:
+                layers.append(torch.nn.ReLU(inplace=True))
+        return torch.nn.Sequential(*layers).to(device)
+
+    dens, col = seq(32, 64, 16), seq(31, 64, 64, 3)
+
+    def pairs(net):
+        return [(m.weight, m.bias) for m in net if isinstance(m, torch.nn.Linear)]
+
+    return dens, col, pairs(dens), pairs(col)
+
+
+def bench_nerf_mlp(device, n=2**16):
+    if device.type != "cpu":
+        return None  # the fused MLPs are CPU code; nn.Linear serves CUDA
+    dens, col, dp, cp = _nerf_mlps(device)
+    enc = torch.randn(n, 32, device=device, requires_grad=True)
+    sh = torch.randn(n, 16, device=device)
+    params = [enc, *dens.parameters(), *col.parameters()]
+    gw = [torch.randn(n, device=device), torch.randn(n, 3, device=device)]
+
+    def run(backend):
+        def f():
+            if backend == "tuned":
+                out = tuned.nerf_mlp_tuned(enc, dens, sh, col)
+            else:
+                out = kernels.nerf_mlp(enc, dp, sh, cp, backend=backend)
+            return torch.autograd.grad(out, params, gw)
+
+        return f
+
+    return "nerf_mlp_fwd_bwd", n, run
+
+
+def bench_nerf_density(device, n=2**17):
+    # The no-grad density pass over every marched sample (rendering._encode_chunked).
+    if device.type != "cpu":
+        return None
+    dens, _, dp, _ = _nerf_mlps(device)
+    enc = torch.randn(n, 32, device=device)
+
+    def run(backend):
+        @torch.no_grad()
+        def f():
+            if backend == "tuned":
+                return tuned.nerf_mlp_tuned(enc, dens)
+            return kernels.nerf_mlp(enc, dp, backend=backend)
+
+        return f
+
+    return "nerf_density_nograd", n, run
+
+
 BENCHES = {
     "hash_grid": bench_hash_grid,
     "hash_grid_2d": lambda dev: bench_hash_grid(dev, dims=2),
@@ -148,6 +207,8 @@ BENCHES = {
     "composite": bench_composite,
     "march": bench_march,
     "bitfield": bench_bitfield,
+    "nerf_mlp": bench_nerf_mlp,
+    "nerf_density": bench_nerf_density,
 }
 
 
@@ -183,7 +244,10 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     rows = []
     for name in args.ops.split(","):
-        op, size, make = BENCHES[name](device)
+        spec = BENCHES[name](device)
+        if spec is None:  # no compiled op for this device
+            continue
+        op, size, make = spec
         fns = {b: make(b) for b in ("reference", "tuned", "ext")}
         fns = {b: f for b, f in fns.items() if f is not None}
         ms = dict(zip(fns, _medians_ms(list(fns.values()), args.repeats, device)))

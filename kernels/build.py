@@ -37,6 +37,13 @@ def _smoke(device: str) -> None:
     kernels.composite(sig, rgb, s.t_starts, s.t_ends, s.ray_indices, 1, offsets=s.offsets)[
         0
     ].sum().backward()
+    if dev.type == "cpu":  # the fused MLPs have no CUDA build (nn.Linear serves there)
+        lin = [torch.nn.Linear(32, 16), torch.nn.Linear(31, 3)]
+        layers = [(m.weight, m.bias) for m in lin]
+        sigma, rgb = kernels.nerf_mlp(
+            torch.rand(8, 32, requires_grad=True), layers[:1], torch.rand(8, 16), layers[1:]
+        )
+        (sigma.sum() + rgb.sum()).backward()
     means = torch.tensor([[8.0, 8.0]], device=dev, requires_grad=True)
     conics = torch.tensor([[0.1, 0.0, 0.1]], device=dev)
     for method in ("tiled", "naive"):

@@ -349,4 +349,54 @@ inline int64_t longest_tile(const at::Tensor& off) {
     return (off.slice(0, 1) - off.slice(0, 0, off.numel() - 1)).max().item<int64_t>();
 }
 
+// ---- fused NeRF MLPs ----------------------------------------------------------------------------
+
+constexpr int64_t MLP_MAX_LAYERS = 16;  // kn_mlp::MAX_LAYERS
+
+// One network as [W0, b0, W1, b1, ...] (nn.Linear layouts: W (out, in), b (out,)), float32 and
+// contiguous on `dev`, chained from n_in inputs. Returns the last layer's width.
+inline int64_t check_mlp_layers(const std::vector<at::Tensor>& p, int64_t n_in, const at::Device& dev,
+                                const char* net) {
+    const char* op = "nerf_mlp";
+    const int64_t n = (int64_t)p.size();
+    TORCH_CHECK_VALUE(n % 2 == 0 && n >= 2 && n <= 2 * MLP_MAX_LAYERS, op, ": the ", net, " network needs 1..",
+                      MLP_MAX_LAYERS, " (weight, bias) pairs, got ", n, " tensors");
+    int64_t width = n_in;
+    for (int64_t l = 0; l < n; l += 2) {
+        TORCH_CHECK_VALUE(p[l].defined() && p[l].dim() == 2, op, ": ", net, " layer ", l / 2,
+                          " weight must be (out, in)");
+        const int64_t out = p[l].size(0);
+        TORCH_CHECK_VALUE(out >= 1, op, ": ", net, " layer ", l / 2, " has no outputs");
+        expect(p[l], op, l == 0 ? "first weight" : "weight", dev, at::kFloat, {out, width});
+        expect(p[l + 1], op, "bias", dev, at::kFloat, {out});
+        width = out;
+    }
+    return width;
+}
+
+// enc (N, n_in) float32; density net n_in -> 1 + G; with sh (N, S): colour net S + G -> 3.
+inline void check_nerf_mlp(const at::Tensor& enc, const c10::optional<at::Tensor>& sh,
+                           const std::vector<at::Tensor>& density, const std::vector<at::Tensor>& color) {
+    const char* op = "nerf_mlp";
+    TORCH_CHECK_VALUE(enc.dim() == 2, op, ": enc must be (N, features), got ", shape_str(enc));
+    const auto dev = enc.device();
+    expect(enc, op, "enc", dev, at::kFloat, {-1, enc.size(1)});
+    const int64_t geo = check_mlp_layers(density, enc.size(1), dev, "density") - 1;
+    if (!sh.has_value()) {
+        TORCH_CHECK_VALUE(color.empty(), op, ": a colour network needs sh");
+        return;
+    }
+    TORCH_CHECK_VALUE(sh->dim() == 2, op, ": sh must be (N, coefficients), got ", shape_str(*sh));
+    expect(*sh, op, "sh", dev, at::kFloat, {enc.size(0), sh->size(1)});
+    const int64_t out = check_mlp_layers(color, sh->size(1) + geo, dev, "colour");
+    TORCH_CHECK_VALUE(out == 3, op, ": the colour network must end in 3 outputs, got ", out);
+}
+
+inline void check_nerf_mlp_grads(const at::Tensor& enc, const c10::optional<at::Tensor>& grad_sigma,
+                                 const c10::optional<at::Tensor>& grad_rgb) {
+    const char* op = "nerf_mlp backward";
+    if (grad_sigma.has_value()) expect(*grad_sigma, op, "grad_sigma", enc.device(), at::kFloat, {enc.size(0)});
+    if (grad_rgb.has_value()) expect(*grad_rgb, op, "grad_rgb", enc.device(), at::kFloat, {enc.size(0), 3});
+}
+
 }  // namespace kn_bind

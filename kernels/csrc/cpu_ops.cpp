@@ -9,6 +9,7 @@
 #include "binding_checks.h"
 #include "hash_grid_cpu.h"
 #include "composite.h"
+#include "mlp_cpu.h"
 #include "sh.h"
 
 namespace {
@@ -306,6 +307,104 @@ std::vector<at::Tensor> march_rays(at::Tensor rays_o, at::Tensor rays_d, at::Ten
     return {ray_indices, t0, t1, offsets, counts};
 }
 
+// ---- fused NeRF MLPs ----------------------------------------------------------------------------
+
+int mlp_isa_for(int64_t isa) {
+    if (isa < 0) return kn_mlp::best_isa();
+    TORCH_CHECK_VALUE(isa == kn_mlp::ISA_PORTABLE || isa == kn_mlp::ISA_AVX2 || isa == kn_mlp::ISA_AVX512,
+                      "nerf_mlp: isa must be -1 (best), 0, 256 or 512, got ", isa);
+    TORCH_CHECK_VALUE(kn_mlp::isa_supported((int)isa), "nerf_mlp: this CPU cannot run isa ", isa);
+    return (int)isa;
+}
+
+// The field's layout from the checked tensors; wts keeps the transposed weights alive.
+kn_mlp::Field mlp_field(const at::Tensor& enc, const c10::optional<at::Tensor>& sh,
+                        const std::vector<at::Tensor>& density, const std::vector<at::Tensor>& color, double shift,
+                        std::vector<at::Tensor>& wts) {
+    kn_bind::check_nerf_mlp(enc, sh, density, color);
+    kn_mlp::Field f;
+    f.n_in = enc.size(1);
+    f.n_sh = sh.has_value() ? sh->size(1) : 0;
+    f.n_geo = density[density.size() - 2].size(0) - 1;
+    f.shift = (float)shift;
+    int64_t off = 0;
+    auto fill = [&](kn_mlp::Net& net, const std::vector<at::Tensor>& p) {
+        net.n_layers = (int)(p.size() / 2);
+        for (int l = 0; l < net.n_layers; ++l) {
+            const at::Tensor& w = p[2 * l];
+            wts.push_back(w.t().contiguous());
+            kn_mlp::Layer& L = net.layer[l];
+            L.out = w.size(0);
+            L.in = w.size(1);
+            L.w = w.data_ptr<float>();
+            L.wt = wts.back().data_ptr<float>();
+            L.b = p[2 * l + 1].data_ptr<float>();
+            L.gw = off;
+            off += L.out * L.in;
+            L.gb = off;
+            off += L.out;
+        }
+    };
+    fill(f.density, density);
+    fill(f.color, color);
+    f.n_params = off;
+    return f;
+}
+
+// sigma (N,) and rgb (N, 3) (undefined without sh).
+std::vector<at::Tensor> nerf_mlp_forward(at::Tensor enc, c10::optional<at::Tensor> sh, std::vector<at::Tensor> density,
+                                         std::vector<at::Tensor> color, double shift, int64_t block, int64_t isa) {
+    require_cpu(enc, "nerf_mlp");
+    const int use = mlp_isa_for(isa);
+    TORCH_CHECK_VALUE(block >= 0, "nerf_mlp: block must be >= 0 (0: automatic)");
+    std::vector<at::Tensor> wts;
+    const kn_mlp::Field f = mlp_field(enc, sh, density, color, shift, wts);
+    const int64_t n = enc.size(0);
+    auto sigma = at::empty({n}, enc.options());
+    at::Tensor rgb;
+    if (f.has_color()) rgb = at::empty({n, 3}, enc.options());
+    kn_mlp::field_forward(use, f, enc.data_ptr<float>(), f.has_color() ? sh->data_ptr<float>() : nullptr, n,
+                          sigma.data_ptr<float>(), f.has_color() ? rgb.data_ptr<float>() : nullptr, block,
+                          n_threads());
+    return {sigma, rgb};
+}
+
+// grad_enc (or undefined), grad_sh (or undefined), then one gradient per parameter (density's
+// then colour's, in the order given) when need_params.
+std::vector<at::Tensor> nerf_mlp_backward(at::Tensor enc, c10::optional<at::Tensor> sh, std::vector<at::Tensor> density,
+                                          std::vector<at::Tensor> color, double shift,
+                                          c10::optional<at::Tensor> grad_sigma, c10::optional<at::Tensor> grad_rgb,
+                                          bool need_enc, bool need_sh, bool need_params, int64_t block, int64_t isa) {
+    require_cpu(enc, "nerf_mlp");
+    const int use = mlp_isa_for(isa);
+    TORCH_CHECK_VALUE(block >= 0, "nerf_mlp: block must be >= 0 (0: automatic)");
+    std::vector<at::Tensor> wts;
+    const kn_mlp::Field f = mlp_field(enc, sh, density, color, shift, wts);
+    kn_bind::check_nerf_mlp_grads(enc, grad_sigma, grad_rgb);
+    TORCH_CHECK_VALUE(!need_sh || f.has_color(), "nerf_mlp backward: no sh to take the gradient of");
+    const int64_t n = enc.size(0);
+    at::Tensor g_enc, g_sh;
+    if (need_enc) g_enc = at::empty({n, f.n_in}, enc.options());
+    if (need_sh) g_sh = at::empty({n, f.n_sh}, enc.options());
+    at::Tensor flat;
+    if (need_params) flat = at::empty({f.n_params}, enc.options());
+    kn_mlp::Grads gr{grad_sigma.has_value() ? grad_sigma->data_ptr<float>() : nullptr,
+                     grad_rgb.has_value() && f.has_color() ? grad_rgb->data_ptr<float>() : nullptr,
+                     need_enc ? g_enc.data_ptr<float>() : nullptr, need_sh ? g_sh.data_ptr<float>() : nullptr};
+    kn_mlp::field_backward(use, f, enc.data_ptr<float>(), f.has_color() ? sh->data_ptr<float>() : nullptr, n, gr,
+                           need_params ? flat.data_ptr<float>() : nullptr, block, n_threads());
+    std::vector<at::Tensor> out{g_enc, g_sh};
+    if (need_params) {
+        int64_t off = 0;
+        for (const auto* p : {&density, &color})
+            for (const at::Tensor& t : *p) {
+                out.push_back(flat.narrow(0, off, t.numel()).view(t.sizes()).clone());
+                off += t.numel();
+            }
+    }
+    return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -320,4 +419,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("occ_bitfield", &occ_bitfield);
     m.def("occ_query", &occ_query);
     m.def("march_rays", &march_rays);
+    m.def("nerf_mlp_forward", &nerf_mlp_forward);
+    m.def("nerf_mlp_backward", &nerf_mlp_backward);
+    m.def("mlp_isa", []() { return (int64_t)kn_mlp::best_isa(); });
 }

@@ -61,3 +61,31 @@ def test_march_tuned_matches_reference():
     keep_a = same[a.ray_indices]
     keep_b = same[b.ray_indices]
     torch.testing.assert_close(a.t_starts[keep_a], b.t_starts[keep_b], rtol=0, atol=1e-5)
+
+
+def test_nerf_mlp_tuned_matches_reference():
+    torch.manual_seed(0)
+
+    def seq(*dims):
+        layers = []
+        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+            layers += [torch.nn.Linear(a, b)] + (
+                [torch.nn.ReLU(inplace=True)] * (i < len(dims) - 2)
+            )
+        return torch.nn.Sequential(*layers).double()
+
+    dens, col = seq(32, 64, 16), seq(31, 64, 64, 3)
+    enc = torch.randn(500, 32, dtype=torch.float64, requires_grad=True)
+    sh = torch.randn(500, 16, dtype=torch.float64)
+
+    def pairs(net):
+        return [(m.weight, m.bias) for m in net if isinstance(m, torch.nn.Linear)]
+
+    a = tuned.nerf_mlp_tuned(enc, dens, sh, col)
+    b = kernels.nerf_mlp_reference(enc, pairs(dens), sh, pairs(col))
+    params = [enc, *dens.parameters(), *col.parameters()]
+    ws = [torch.randn_like(o) for o in a]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y)
+    for x, y in zip(torch.autograd.grad(a, params, ws), torch.autograd.grad(b, params, ws)):
+        torch.testing.assert_close(x, y)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels import HashGrid, sh_encode
+from kernels import HashGrid, nerf_mlp, sh_encode, trunc_exp
 
 DENSITY_SHIFT = 1.0
 
@@ -25,24 +25,6 @@ def bf16_mlps_available() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-class _TruncExp(torch.autograd.Function):
-    # instant-ngp's density activation: exp forward, gradient clamped so one large
-    # pre-activation cannot blow up the update of the hash table entries feeding it.
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return torch.exp(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * torch.exp(x.clamp(-15.0, 15.0))
-
-
-def trunc_exp(x: torch.Tensor) -> torch.Tensor:
-    return _TruncExp.apply(x)
-
-
 def _mlp(n_in: int, hidden: int, n_hidden_layers: int, n_out: int) -> nn.Sequential:
     layers: list[nn.Module] = []
     width = n_in
@@ -51,6 +33,10 @@ def _mlp(n_in: int, hidden: int, n_hidden_layers: int, n_out: int) -> nn.Sequent
         width = hidden
     layers.append(nn.Linear(width, n_out))
     return nn.Sequential(*layers)
+
+
+def _layers(net: nn.Sequential) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(m.weight, m.bias) for m in net if isinstance(m, nn.Linear)]
 
 
 class NerfField(nn.Module):
@@ -97,6 +83,16 @@ class NerfField(nn.Module):
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def _fused(self, *inputs: torch.Tensor) -> bool:
+        # kernels.nerf_mlp runs both networks over cache-sized blocks of samples (CPU, float32);
+        # bfloat16 autocast and CUDA keep nn.Linear.
+        return (
+            self.backend == "ext"
+            and not self.bf16_mlps
+            and self.density_net[0].weight.dtype == torch.float32
+            and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in inputs)
+        )
+
     def _geometry(self, enc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with self._mlp_precision(enc):
             h = self.density_net(enc).float()
@@ -110,7 +106,7 @@ class NerfField(nn.Module):
 
     def density(self, x: torch.Tensor) -> torch.Tensor:
         """sigma (N,) at points (N, 3)."""
-        return self._geometry(self.encode(x))[0]
+        return self.density_from(self.encode(x))
 
     def density_float32(self, x: torch.Tensor) -> torch.Tensor:
         """sigma (N,) with the MLP in float32 whatever the precision. The occupancy grid needs
@@ -124,6 +120,8 @@ class NerfField(nn.Module):
 
     def density_from(self, enc: torch.Tensor) -> torch.Tensor:
         """sigma (N,) from features `encode` returned."""
+        if self._fused(enc):
+            return nerf_mlp(enc, _layers(self.density_net), density_shift=DENSITY_SHIFT)[0]
         return self._geometry(enc)[0]
 
     def forward(
@@ -138,8 +136,17 @@ class NerfField(nn.Module):
             enc = self.encode(x)
         else:
             enc = self.encoding.attach(self._unit(x), enc)
-        sigma, geo = self._geometry(enc)
         sh = sh_encode(dirs, self.sh_degree, backend=self.backend)
+        if self._fused(enc, sh):
+            sigma, rgb = nerf_mlp(
+                enc,
+                _layers(self.density_net),
+                sh,
+                _layers(self.color_net),
+                density_shift=DENSITY_SHIFT,
+            )
+            return sigma, rgb
+        sigma, geo = self._geometry(enc)
         with self._mlp_precision(sh):
             rgb = torch.sigmoid(self.color_net(torch.cat([sh, geo], dim=1)).float())
         return sigma, rgb
