@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import time
 import zipfile
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from experiments.synthetic_scene import Scene, Sphere, scene_files
+from experiments.synthetic_scene import CAMERA_DISTANCE, FOV_X_DEG, Scene, Sphere, scene_files
 from tests.support.stack import TEST_KEY, auth_headers, stack_maker
 
 trimesh = pytest.importorskip("trimesh")
@@ -122,7 +123,10 @@ def test_point_cloud_lies_on_the_surface(stack, trained):
     assert isinstance(cloud, trimesh.PointCloud)
     assert 500 < len(cloud.vertices) <= 2000 and state["stats"]["points"] == len(cloud.vertices)
     dist = np.linalg.norm(cloud.vertices - CENTER, axis=1)
-    assert np.median(np.abs(dist - RADIUS)) < 0.05
+    # Within a pixel's footprint at the sphere (32-pixel photos from CAMERA_DISTANCE): the depth a
+    # 200-step field gives is not finer than the photos it learnt from.
+    pixel = 2 * CAMERA_DISTANCE * math.tan(math.radians(FOV_X_DEG) / 2) / 32
+    assert np.median(np.abs(dist - RADIUS)) < pixel, np.percentile(np.abs(dist - RADIUS), [50, 90])
     assert np.asarray(cloud.colors).shape == (len(cloud.vertices), 4)
 
 
