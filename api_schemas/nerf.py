@@ -60,6 +60,12 @@ class NerfConfig(TrainingImages):
     weight_decay: float = Field(
         1e-6, ge=0, le=1.0, description="on MLP weights only (not the hash tables)"
     )
+    pixel_jitter: float = Field(
+        1.0, ge=0, le=1,
+        description="train each ray through a random point of its pixel, as a photo's pixel "
+        "integrates its area (instant-ngp); false: through pixel centres only, which lets the "
+        "field fit each training ray and decay on new views",
+    )
     samples_per_step: int = Field(
         65_536,
         ge=1024,

@@ -282,6 +282,7 @@ class HashGridAdam:
         self.exp_avg = torch.zeros_like(p, memory_format=torch.contiguous_format)
         self.exp_avg_sq = torch.zeros_like(p, memory_format=torch.contiguous_format)
         self.steps = torch.zeros(p.shape[0], dtype=torch.int32, device=p.device)
+        self._n_steps = 0  # step() calls: no row's count exceeds it
         self._bias = (torch.zeros(0), torch.zeros(0))
         if p.device.type == "cpu" and grid.backend == "ext":
             grid.row_grad = RowGrad(p.detach())
@@ -307,8 +308,10 @@ class HashGridAdam:
         b1, b2 = self.betas
         rg = self.grid.row_grad
         if rg is not None:
-            # Per-row counts never exceed the number of steps taken, which bounds the lookups.
-            bc1, bc2 = self._bias_tables(int(self.steps.max()) + 1, p)
+            # Per-row counts never exceed the number of steps taken, which bounds the lookups
+            # without scanning every row's count.
+            self._n_steps += 1
+            bc1, bc2 = self._bias_tables(self._n_steps, p)
             _ext.for_tensor(p).hash_grid_adam(
                 p.data,
                 rg.values,
@@ -350,3 +353,4 @@ class HashGridAdam:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         for k in ("exp_avg", "exp_avg_sq", "steps"):
             getattr(self, k).copy_(state[k])
+        self._n_steps = int(self.steps.max()) if self.steps.numel() else 0

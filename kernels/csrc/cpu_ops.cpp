@@ -108,15 +108,17 @@ void hash_grid_adam(at::Tensor w, at::Tensor grad, at::Tensor touched, at::Tenso
     kn_bind::expect(steps, op, "steps", cpu, at::kInt, {rows});
     kn_bind::expect(bc1, op, "bc1", cpu, st, {-1});
     kn_bind::expect(bc2_sqrt, op, "bc2_sqrt", cpu, st, {bc1.numel()});
-    // Every row's next count must index the bias tables.
-    kn_bind::check_range(steps, 0, bc1.numel() - 2, op, "steps");
+    // Every touched row's next count must index the bias tables; the kernel checks it per row
+    // (a scan of all the counts here would cost as much as the update of the touched rows).
     dispatch_float(st, op, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
         auto run = [&](auto Fc) {
-            kn_cpu::hash_adam_impl<decltype(Fc)::value, T>(
+            const bool ok = kn_cpu::hash_adam_impl<decltype(Fc)::value, T>(
                 w.data_ptr<T>(), grad.data_ptr<T>(), touched.data_ptr<uint8_t>(), m.data_ptr<T>(), v.data_ptr<T>(),
-                steps.data_ptr<int32_t>(), bc1.data_ptr<T>(), bc2_sqrt.data_ptr<T>(), rows, (T)lr, (T)b1, (T)b2,
-                (T)eps, n_threads());
+                steps.data_ptr<int32_t>(), bc1.data_ptr<T>(), bc2_sqrt.data_ptr<T>(), bc1.numel(), rows, (T)lr,
+                (T)b1, (T)b2, (T)eps, n_threads());
+            TORCH_CHECK_VALUE(ok, op, ": a touched row's step count does not index the bias tables (",
+                              bc1.numel(), " entries); those rows were left unchanged");
         };
         if (F == 1) return run(std::integral_constant<int, 1>{});
         if (F == 2) return run(std::integral_constant<int, 2>{});

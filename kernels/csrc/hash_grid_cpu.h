@@ -151,17 +151,26 @@ void hash_bwd_rows_impl(const T* x, const T* grad_out, const kn::HashGridMeta& m
 
 // Adam on the touched rows only, then their gradient and flag are cleared for the next step.
 // bc1[t] = 1 - b1^t and bc2_sqrt[t] = sqrt(1 - b2^t) for every step count t a row can have.
+// Returns false (and leaves such rows alone) when a row's next count is outside the tables, so
+// the caller need not scan every row's count beforehand.
 template <int F, typename T>
-void hash_adam_impl(T* w, T* grad, uint8_t* touched, T* m, T* v, int32_t* steps, const T* bc1, const T* bc2_sqrt,
-                    int64_t rows, T lr, T b1, T b2, T eps, int n_threads) {
-#pragma omp parallel for schedule(static, 4096) num_threads(n_threads)
+bool hash_adam_impl(T* w, T* grad, uint8_t* touched, T* m, T* v, int32_t* steps, const T* bc1, const T* bc2_sqrt,
+                    int64_t n_bias, int64_t rows, T lr, T b1, T b2, T eps, int n_threads) {
+    int bad = 0;
+#pragma omp parallel for schedule(static, 4096) num_threads(n_threads) reduction(| : bad)
     for (int64_t r = 0; r < rows; ++r) {
         if (!touched[r]) continue;
-        const int32_t t = ++steps[r];
+        const int32_t t = steps[r] + 1;
+        if (t < 1 || t >= n_bias) {
+            bad = 1;
+            continue;
+        }
+        steps[r] = t;
         kn::adam_row<F, T>(w + r * F, grad + r * F, m + r * F, v + r * F, bc1[t], bc2_sqrt[t], lr, b1, b2, eps);
         for (int f = 0; f < F; ++f) grad[r * F + f] = T(0);
         touched[r] = 0;
     }
+    return !bad;
 }
 
 }  // namespace kn_cpu

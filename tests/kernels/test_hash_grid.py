@@ -191,3 +191,20 @@ def test_row_sparse_adam_matches_the_dense_update(cpu_ext):
     untouched = opt_a.steps == 0
     assert torch.equal(a.params.detach()[untouched], before[untouched])
     assert not a.row_grad.touched.any() and not a.row_grad.values.any()  # cleared for next step
+
+
+def test_row_sparse_adam_refuses_step_counts_past_its_bias_tables(cpu_ext):
+    # The bound is checked per touched row inside the kernel (no scan of every row's count): a
+    # count the tables cannot index is a clear error, and those rows keep their values.
+    g = make_grid(3, torch.float32, init=1e-2)
+    opt = kernels.HashGridAdam(g, lr=1e-2)
+    x = torch.rand(64, 3, generator=torch.Generator().manual_seed(2))
+    g(x).sum().backward()
+    opt.step()
+    touched = opt.steps > 0
+    opt.steps[touched] = 1 << 20  # as if restored from a foreign state
+    before = g.params.detach().clone()
+    g(x).sum().backward()
+    with pytest.raises(ValueError, match="bias tables"):
+        opt.step()
+    assert torch.equal(g.params.detach()[touched], before[touched])

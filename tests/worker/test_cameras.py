@@ -242,6 +242,36 @@ def test_sampled_rays_are_the_rays_of_their_pixels(dataset):
     assert torch.allclose(composite_background(rgba, torch.ones(3))[empty], torch.ones(1))
 
 
+def test_jittered_rays_pass_through_their_own_pixel(dataset):
+    # Training rays through random points of a pixel (pixel_jitter): projected back into their
+    # camera each lands inside the pixel whose colour it carries, spread over the pixel's area.
+    ds = Dataset(dataset, "train")
+    g = torch.Generator().manual_seed(3)
+    idx = torch.randint(0, ds.n_pixels, (2000,), generator=g)
+    at = torch.rand(2000, 2, generator=g)
+    o, d, rgba = ds.rays_of(idx, at)
+    _, _, centre_rgba = ds.rays_of(idx)
+    assert torch.equal(rgba, centre_rgba)
+    img = torch.searchsorted(ds.starts, idx, right=True) - 1
+    frac = []
+    for n in range(0, 2000, 40):
+        k, p = int(img[n]), int(idx[n] - ds.starts[img[n]])
+        w = ds.frames[k].w
+        fx, fy, cx, cy = ds.intrinsics[k].tolist()
+        u, v = pinhole_project((o[n] + 2.0 * d[n]).double().numpy(), ds.c2w[k], fx, fy, cx, cy)
+        assert (u, v) == pytest.approx(
+            (p % w + float(at[n, 0]), p // w + float(at[n, 1])), abs=1e-3
+        )
+        frac.append((u - p % w, v - p // w))
+    frac = np.array(frac)
+    assert frac.min() < 0.15 and frac.max() > 0.85  # the whole pixel, not its centre
+    # sample(jitter=True) draws the offsets itself; without jitter its rays are the centres'.
+    o1, d1, _ = ds.sample(500, torch.Generator().manual_seed(4), jitter=True)
+    o0, d0, _ = ds.sample(500, torch.Generator().manual_seed(4))
+    assert not torch.allclose(d1, d0, atol=1e-4)
+    assert (d1 - d0).norm(dim=1).max() < 2.0 / float(ds.intrinsics[:, 0].min())
+
+
 def test_wire_render_requests_resolve(dataset):
     """The API's request types (api_schemas.render), dumped as the worker gets them, resolve here."""
     from api_schemas.render import PathRequest, RenderRequest

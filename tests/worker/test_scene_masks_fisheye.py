@@ -11,7 +11,12 @@ import torch
 from core.scene_build import SceneFrame, write_scene
 from core.scene_format import FISHEYE
 from tests.core.test_scene_build import ring
-from worker.scene.cameras import fisheye_directions, fisheye_distort, rays_from_pixels
+from worker.scene.cameras import (
+    fisheye_directions,
+    fisheye_distort,
+    image_rays,
+    rays_from_pixels,
+)
 from worker.scene.dataset import Dataset
 
 K = torch.tensor([0.08, -0.02, 0.004, -0.0007])
@@ -112,3 +117,29 @@ def test_pinhole_views_hold_every_ray_of_distorted_and_fisheye_frames(tmp_path):
     frames[2].fx = frames[2].fy = 8.0
     write_scene(tmp_path / "wide", frames, source_format="test")
     assert Dataset(tmp_path / "wide", "train").pinhole_views() is None
+
+
+def test_fisheye_without_coefficients_is_equidistant_not_pinhole(tmp_path):
+    # No frame has distortion coefficients, one is a fisheye: its rays still follow r = f * theta.
+    frames = [
+        SceneFrame(np.zeros((30, 40, 3), np.uint8), c2w, 20.0, 20.0, 20.0, 15.0, split=split)
+        for c2w, split in zip(ring(4), ["train"] * 3 + ["test"])
+    ]
+    frames[1].camera_model = FISHEYE
+    write_scene(tmp_path, frames, source_format="test")
+    data = Dataset(tmp_path, "train")
+    assert data.fisheye is not None and data.distortion is not None
+    o, d = data.frame_rays(1)
+    cam = d @ data.c2w[1, :3, :3]  # OpenGL camera axes
+    theta = torch.acos((-cam[:, 2]).clamp(-1, 1))
+    px, py = pixel_grid_centres(40, 30)
+    r = torch.hypot(px - 20.0, py - 15.0)
+    torch.testing.assert_close(theta, r / 20.0, atol=1e-4, rtol=0)
+    # The same through image_rays for a render camera flagged fisheye.
+    _, d2 = image_rays(data.c2w[1], 20.0, 20.0, 20.0, 15.0, 40, 30, fisheye=True)
+    torch.testing.assert_close(d2, d, atol=1e-5, rtol=0)
+
+
+def pixel_grid_centres(w, h):
+    j, i = torch.meshgrid(torch.arange(h) + 0.5, torch.arange(w) + 0.5, indexing="ij")
+    return i.reshape(-1).float(), j.reshape(-1).float()

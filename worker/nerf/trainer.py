@@ -163,7 +163,9 @@ class NerfTrainer:
         self.field.train()
         self._update_grid()
         n = self.n_rays
-        o, d, rgba = self.data.sample(n, self.generator)
+        o, d, rgba = self.data.sample(
+            n, self.generator, jitter=float(self.config.get("pixel_jitter", True))
+        )
         o, d, rgba = o.to(self.device), d.to(self.device), rgba.to(self.device)
         bg = self._background(n)
         target = composite_background(rgba, bg)

@@ -195,6 +195,8 @@ def rays_from_pixels(
     x = (px.to(torch.float32) - cx) / fx
     y = (py.to(torch.float32) - cy) / fy  # OpenCV: y down
     z = torch.ones_like(x)
+    if distortion is None and fisheye is not None and bool(fisheye.any()):
+        distortion = torch.zeros(5)  # an ideal fisheye lens: r = f * theta
     if distortion is not None:
         dist = distortion.to(torch.float32)
         if fisheye is None or not bool(fisheye.any()):

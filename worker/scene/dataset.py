@@ -129,7 +129,8 @@ class Dataset:
                 ],
                 dtype=torch.float32,
             )
-            if any(f.distortion for f in self.frames)
+            # A fisheye lens with all-zero coefficients is still no pinhole (r = f * theta).
+            if any(f.distortion or f.fisheye for f in self.frames)
             else None
         )
         fisheye = torch.tensor([f.fisheye for f in self.frames])
@@ -153,13 +154,18 @@ class Dataset:
     def n_pixels(self) -> int:
         return int(self.starts[-1])
 
-    def rays_of(self, idx: torch.Tensor):
+    def rays_of(self, idx: torch.Tensor, at: torch.Tensor | None = None):
         """Origins (n, 3), unit directions (n, 3) and straight-alpha RGBA targets (n, 4) float of
-        global pixel indices idx (n,) (through pixel centres)."""
+        global pixel indices idx (n,), through the pixel centres or the points `at` (n, 2) (x, y
+        within the pixel, in [0, 1))."""
         img = torch.searchsorted(self.starts, idx, right=True) - 1
         local = idx - self.starts[img]
         w = self.widths[img]
-        py, px = (local // w).float() + 0.5, (local % w).float() + 0.5
+        py, px = (local // w).float(), (local % w).float()
+        if at is None:
+            px, py = px + 0.5, py + 0.5
+        else:
+            px, py = px + at[:, 0], py + at[:, 1]
         dist = None if self.distortion is None else self.distortion[img]
         fe = None if self.fisheye is None else self.fisheye[img]
         o, d = rays_from_pixels(self.c2w[img], self.intrinsics[img], px, py, dist, fe)
@@ -185,8 +191,10 @@ class Dataset:
         f = self.frames[i]
         return self.keep[self.starts[i] : self.starts[i + 1]].reshape(f.h, f.w)
 
-    def sample(self, n: int, generator: torch.Generator | None = None):
-        """n training rays drawn uniformly over the unmasked pixels of every image."""
+    def sample(self, n: int, generator: torch.Generator | None = None, jitter: bool = False):
+        """n training rays drawn uniformly over the unmasked pixels of every image; `jitter`: each
+        through a uniformly random point of its pixel instead of the centre (a photo's pixel
+        integrates its whole area; instant-ngp trains this way)."""
         if self.keep is None:
             idx = torch.randint(0, self.n_pixels, (n,), generator=generator)
         else:  # rejection: draw enough candidates for n kept ones, again while short
@@ -198,7 +206,8 @@ class Dataset:
                 found.append(cand)
                 have += len(cand)
             idx = torch.cat(found)[:n]
-        return self.rays_of(idx)
+        at = 0.5 + (torch.rand(n, 2, generator=generator) - 0.5) * float(jitter) if jitter else None
+        return self.rays_of(idx, at)
 
     def pinhole_views(self, samples: int = 129) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Pinhole cameras whose images hold every ray of the frames (for frustum tests).
