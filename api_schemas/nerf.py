@@ -53,7 +53,11 @@ class NerfConfig(TrainingImages):
     steps: int = Field(3000, ge=1, le=1_000_000, description="training steps")
     lr: float = Field(1e-2, gt=0, le=1.0)
     lr_final_factor: float = Field(
-        0.1, gt=0, le=1.0, description="lr decays exponentially to lr * this at the end"
+        0.03,
+        gt=0,
+        le=1.0,
+        description="lr decays exponentially to lr * this at the end (nerfacc's schedule ends at "
+        "0.036)",
     )
     adam_betas: tuple[float, float] = (0.9, 0.99)
     adam_eps: float = Field(1e-15, gt=0, le=1e-3)
@@ -61,10 +65,13 @@ class NerfConfig(TrainingImages):
         1e-6, ge=0, le=1.0, description="on MLP weights only (not the hash tables)"
     )
     pixel_jitter: float = Field(
-        1.0, ge=0, le=1,
-        description="train each ray through a random point of its pixel, as a photo's pixel "
-        "integrates its area (instant-ngp); false: through pixel centres only, which lets the "
-        "field fit each training ray and decay on new views",
+        1.0,
+        ge=0,
+        le=1,
+        description="training rays pass through random points of a square this wide (in "
+        "pixels) around each pixel's centre: 1 the whole pixel, whose photo value integrates its "
+        "area (instant-ngp); 0 pixel centres only, which a field can fit ray by ray and then "
+        "decays on new views",
     )
     samples_per_step: int = Field(
         65_536,

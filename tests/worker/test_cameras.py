@@ -265,11 +265,16 @@ def test_jittered_rays_pass_through_their_own_pixel(dataset):
         frac.append((u - p % w, v - p // w))
     frac = np.array(frac)
     assert frac.min() < 0.15 and frac.max() > 0.85  # the whole pixel, not its centre
-    # sample(jitter=True) draws the offsets itself; without jitter its rays are the centres'.
-    o1, d1, _ = ds.sample(500, torch.Generator().manual_seed(4), jitter=True)
+    # sample() draws the points itself, within a square `jitter` pixels wide around the centre;
+    # without jitter its rays are the centres'.
     o0, d0, _ = ds.sample(500, torch.Generator().manual_seed(4))
-    assert not torch.allclose(d1, d0, atol=1e-4)
-    assert (d1 - d0).norm(dim=1).max() < 2.0 / float(ds.intrinsics[:, 0].min())
+    for width in (1.0, 0.5):
+        o1, d1, _ = ds.sample(500, torch.Generator().manual_seed(4), jitter=width)
+        assert torch.equal(o1, o0) and not torch.allclose(d1, d0, atol=1e-4)
+        # Off the centre ray by at most half the square's diagonal, in pixels (fx ~ fy here).
+        angle = torch.acos((d1 * d0).sum(1).clamp(max=1.0))
+        assert angle.max() * float(ds.intrinsics[:, 0].min()) < width * 0.75
+        assert angle.max() * float(ds.intrinsics[:, 0].max()) > width * 0.35
 
 
 def test_wire_render_requests_resolve(dataset):

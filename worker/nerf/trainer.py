@@ -164,7 +164,7 @@ class NerfTrainer:
         self._update_grid()
         n = self.n_rays
         o, d, rgba = self.data.sample(
-            n, self.generator, jitter=float(self.config.get("pixel_jitter", True))
+            n, self.generator, jitter=float(self.config.get("pixel_jitter", 1.0))
         )
         o, d, rgba = o.to(self.device), d.to(self.device), rgba.to(self.device)
         bg = self._background(n)

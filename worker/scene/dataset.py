@@ -191,10 +191,10 @@ class Dataset:
         f = self.frames[i]
         return self.keep[self.starts[i] : self.starts[i + 1]].reshape(f.h, f.w)
 
-    def sample(self, n: int, generator: torch.Generator | None = None, jitter: bool = False):
-        """n training rays drawn uniformly over the unmasked pixels of every image; `jitter`: each
-        through a uniformly random point of its pixel instead of the centre (a photo's pixel
-        integrates its whole area; instant-ngp trains this way)."""
+    def sample(self, n: int, generator: torch.Generator | None = None, jitter: float = 0.0):
+        """n training rays drawn uniformly over the unmasked pixels of every image, each through a
+        uniformly random point of the square `jitter` pixels wide around its pixel's centre (0:
+        the centre; 1: anywhere in the pixel, whose photo value integrates its whole area)."""
         if self.keep is None:
             idx = torch.randint(0, self.n_pixels, (n,), generator=generator)
         else:  # rejection: draw enough candidates for n kept ones, again while short
