@@ -196,7 +196,7 @@ def rays_from_pixels(
     y = (py.to(torch.float32) - cy) / fy  # OpenCV: y down
     z = torch.ones_like(x)
     if distortion is None and fisheye is not None and bool(fisheye.any()):
-        distortion = torch.zeros(5)  # an ideal fisheye lens: r = f * theta
+        distortion = torch.zeros(5, device=x.device)  # an ideal fisheye lens: r = f * theta
     if distortion is not None:
         dist = distortion.to(torch.float32)
         if fisheye is None or not bool(fisheye.any()):
