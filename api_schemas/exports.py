@@ -33,7 +33,7 @@ MESH_FORMATS = (ExportFormat.glb, ExportFormat.ply, ExportFormat.obj)
 # The option each format reads; any other option given is refused (422), so a typo or an option
 # of another format never silently exports the default.
 OPTIONS_BY_FORMAT: dict[ExportFormat, tuple[str, ...]] = {
-    **{f: ("resolution", "threshold") for f in MESH_FORMATS},
+    **{f: ("resolution", "threshold", "min_piece") for f in MESH_FORMATS},
     ExportFormat.point_cloud: ("n_points", "min_opacity"),
     ExportFormat.gaussians: (),
     ExportFormat.splat: ("min_opacity",),
@@ -44,6 +44,10 @@ DEFAULT_RESOLUTION = 256
 # on short trainings wraps the floaters around a scene too; at 5 the synthetic scenes' meshes
 # match their analytic bounds within a few hundredths (docs/exports.md).
 DEFAULT_THRESHOLD = 5.0
+# Connected pieces of a mesh with fewer faces than this share of the largest piece's are dropped:
+# short trainings leave specks of density (floaters) that a level set turns into small closed
+# blobs far from the scene, which no viewer wants and which spoil the mesh's bounds.
+DEFAULT_MIN_PIECE = 0.01
 DEFAULT_POINTS = 200_000
 
 
@@ -62,6 +66,13 @@ class ExportOptions(BaseModel):
         allow_inf_nan=False,
         description=f"mesh: the density level set extracted, in 1/normalised length (default "
         f"{DEFAULT_THRESHOLD})",
+    )
+    min_piece: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description=f"mesh: connected pieces with fewer faces than this share of the largest "
+        f"piece's are dropped (default {DEFAULT_MIN_PIECE}; 0 keeps every piece)",
     )
     n_points: int | None = Field(
         None,

@@ -83,7 +83,7 @@ def export(stack, job_id: str, body: dict, timeout: float = 120) -> tuple[dict, 
 
 def test_meshes_are_closed_coloured_and_in_the_world_frame(stack, trained):
     lo, hi = CENTER - RADIUS, CENTER + RADIUS
-    meshes = {}
+    meshes, dropped = {}, {}
     for fmt in ("glb", "ply", "obj"):
         state, data = export(stack, trained["id"], {"format": fmt, "options": {"resolution": RES}})
         assert state["artifact"].endswith("." + fmt) and state["stats"]["resolution"] == RES
@@ -95,6 +95,15 @@ def test_meshes_are_closed_coloured_and_in_the_world_frame(stack, trained):
         assert np.abs(mesh.bounds[0] - lo).max() < 2 * cell, (fmt, mesh.bounds, lo)
         assert np.abs(mesh.bounds[1] - hi).max() < 2 * cell, (fmt, mesh.bounds, hi)
         meshes[fmt] = mesh
+        dropped[fmt] = state["stats"]["pieces_dropped"]
+    # Every piece the default left out comes back with min_piece 0, and nothing else changes.
+    state, data = export(
+        stack, trained["id"], {"format": "glb", "options": {"resolution": RES, "min_piece": 0}}
+    )
+    everything = trimesh.load(io.BytesIO(data), file_type="glb", force="mesh", process=True)
+    assert state["stats"]["pieces_dropped"] == 0
+    assert (len(everything.faces) > len(meshes["glb"].faces)) == (dropped["glb"] > 0)
+    assert everything.body_count >= meshes["glb"].body_count + dropped["glb"]
     # colours come from the field: on average what the photos show of the sphere
     colors = np.asarray(meshes["ply"].visual.vertex_colors)[:, :3].astype(float)
     assert np.abs(colors.mean(0) - trained["photo_color"]).max() < 25, (colors.mean(0), trained)
@@ -113,6 +122,23 @@ def test_meshes_are_closed_coloured_and_in_the_world_frame(stack, trained):
     assert np.median(np.abs(outer - RADIUS)) < cell, np.percentile(outer - RADIUS, [5, 50, 95])
     assert mesh.volume > 0  # faces wind outwards (viewers cull back faces)
     assert np.allclose(meshes["glb"].bounds, meshes["obj"].bounds, atol=1e-4)
+
+
+def test_small_pieces_are_dropped_whole():
+    from worker.exports.nerf_mesh import drop_small_pieces
+
+    big = trimesh.creation.icosphere(subdivisions=4, radius=1.0)
+    speck = trimesh.creation.icosphere(subdivisions=1, radius=0.05)
+    speck.apply_translation([3.0, 0.0, 0.0])
+    both = trimesh.util.concatenate([big, speck])
+    ratio = len(speck.faces) / len(big.faces)
+    normals = both.vertex_normals
+    v, f, n, dropped = drop_small_pieces(both.vertices, both.faces, normals, 2 * ratio)
+    kept = trimesh.Trimesh(v, f, process=False)
+    assert dropped == 1 and kept.is_watertight and len(f) == len(big.faces)
+    assert np.allclose(kept.bounds, big.bounds) and np.allclose(n, big.vertex_normals)
+    v, f, _, dropped = drop_small_pieces(both.vertices, both.faces, normals, 0.5 * ratio)
+    assert dropped == 0 and len(f) == len(both.faces)
 
 
 def test_point_cloud_lies_on_the_surface(stack, trained):
@@ -152,6 +178,8 @@ def test_bad_requests(stack, trained):
         ({"format": "glb", "options": {"n_points": 10}}, "n_points"),
         ({"format": "glb", "options": {"resolution": 4}}, "resolution"),
         ({"format": "glb", "options": {"threshold": -1}}, "threshold"),
+        ({"format": "ply", "options": {"min_piece": 1.5}}, "min_piece"),
+        ({"format": "point_cloud", "options": {"min_piece": 0.1}}, "min_piece"),
         ({"format": "glb", "options": {"colour": True}}, "colour"),
     ]
     before = stack.client.get(f"{url}").json()["items"]

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from api_schemas.exports import (
+    DEFAULT_MIN_PIECE,
     DEFAULT_POINTS,
     DEFAULT_RESOLUTION,
     DEFAULT_THRESHOLD,
@@ -46,7 +47,11 @@ def _nerf(job, checkpoint, paths, fmt: ExportFormat, options: dict[str, Any]):
     if fmt in MESH_FORMATS:
         from worker.exports.nerf_mesh import mesh_export
 
-        defaults = {"resolution": DEFAULT_RESOLUTION, "threshold": DEFAULT_THRESHOLD}
+        defaults = {
+            "resolution": DEFAULT_RESOLUTION,
+            "threshold": DEFAULT_THRESHOLD,
+            "min_piece": DEFAULT_MIN_PIECE,
+        }
         return mesh_export(model, fmt.value, options, defaults)
     from worker.exports.nerf_points import nerf_point_cloud
     from worker.scene.dataset import Dataset, read_meta

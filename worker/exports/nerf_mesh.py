@@ -96,12 +96,34 @@ def extract(model, resolution: int, threshold: float):
     return verts.astype(np.float64), faces.astype(np.int64), normals.astype(np.float64)
 
 
+def drop_small_pieces(verts: np.ndarray, faces: np.ndarray, normals: np.ndarray, min_piece: float):
+    """Keep the connected pieces (faces joined by shared edges) with at least `min_piece` times
+    the largest piece's face count. Returns verts, faces (reindexed), normals and the number of
+    pieces dropped; whole pieces go, so a watertight mesh stays watertight."""
+    import trimesh
+
+    if min_piece <= 0 or not len(faces):
+        return verts, faces, normals, 0
+    labels = trimesh.graph.connected_component_labels(
+        trimesh.graph.face_adjacency(faces=faces), node_count=len(faces)
+    )
+    sizes = np.bincount(labels)
+    big = sizes >= min_piece * sizes.max()
+    faces = faces[big[labels]]
+    used = np.unique(faces)
+    remap = np.zeros(len(verts), dtype=np.int64)
+    remap[used] = np.arange(len(used))
+    return verts[used], remap[faces], normals[used], int((~big).sum())
+
+
 def mesh_export(model, fmt: str, options: dict[str, Any], defaults: dict[str, Any]):
     import trimesh
 
     resolution = int(options.get("resolution", defaults["resolution"]))
     threshold = float(options.get("threshold", defaults["threshold"]))
+    min_piece = float(options.get("min_piece", defaults["min_piece"]))
     verts, faces, normals = extract(model, resolution, threshold)
+    verts, faces, normals, dropped = drop_small_pieces(verts, faces, normals, min_piece)
     # two lattice cells out: outside the level set, before any neighbouring surface
     rgb = vertex_colors(
         model, verts, normals, offset=2 * 2 * float(model.grid.half[0]) / (resolution - 1)
@@ -126,5 +148,7 @@ def mesh_export(model, fmt: str, options: dict[str, Any], defaults: dict[str, An
         "bounds": mesh.bounds.tolist(),
         "resolution": resolution,
         "threshold": threshold,
+        "min_piece": min_piece,
+        "pieces_dropped": dropped,
     }
     return data, stats
