@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "binding_checks.h"
+#include "hash_adam_cpu.h"
 #include "hash_grid_cpu.h"
 #include "composite.h"
 #include "mlp_cpu.h"
@@ -113,7 +114,7 @@ void hash_grid_adam(at::Tensor w, at::Tensor grad, at::Tensor touched, at::Tenso
     dispatch_float(st, op, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
         auto run = [&](auto Fc) {
-            const bool ok = kn_cpu::hash_adam_impl<decltype(Fc)::value, T>(
+            const bool ok = kn_cpu::hash_adam<decltype(Fc)::value, T>(
                 w.data_ptr<T>(), grad.data_ptr<T>(), touched.data_ptr<uint8_t>(), m.data_ptr<T>(), v.data_ptr<T>(),
                 steps.data_ptr<int32_t>(), bc1.data_ptr<T>(), bc2_sqrt.data_ptr<T>(), bc1.numel(), rows, (T)lr,
                 (T)b1, (T)b2, (T)eps, n_threads());

@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -191,6 +192,43 @@ def test_row_sparse_adam_matches_the_dense_update(cpu_ext):
     untouched = opt_a.steps == 0
     assert torch.equal(a.params.detach()[untouched], before[untouched])
     assert not a.row_grad.touched.any() and not a.row_grad.values.any()  # cleared for next step
+
+
+@pytest.mark.parametrize("n_features", [1, 2, 4, 8])
+def test_compiled_table_adam_has_the_bits_of_its_formula(cpu_ext, n_features):
+    # The compiled step (vector groups of rows, then a scalar tail: 203 rows is no multiple of
+    # 8 / F) against adam_row's formula in numpy float32, one rounding per operation (torch may
+    # divide by multiplying with a reciprocal), so bit for bit.
+    gen = torch.Generator().manual_seed(n_features)
+    rows, f = 203, n_features
+    w, g, m = (torch.randn(rows, f, generator=gen) for _ in range(3))
+    v = torch.rand(rows, f, generator=gen)
+    steps = torch.randint(0, 6, (rows,), generator=gen, dtype=torch.int32)
+    touched = (torch.rand(rows, generator=gen) < 0.5).to(torch.uint8)
+    touched[:8] = 0  # a whole vector group with no touched row
+    t = torch.arange(64, dtype=torch.float64)
+    bc1, bc2 = (1 - 0.9**t).float(), torch.sqrt(1 - 0.99**t).float()
+    lr, b1, b2, eps = (np.float32(c) for c in (1e-2, 0.9, 0.99, 1e-15))
+    on = touched.numpy().astype(bool)[:, None]
+    n = steps.numpy() + 1
+    c1, c2 = bc1.numpy()[n][:, None], bc2.numpy()[n][:, None]
+    w0, g0, m0, v0 = (a.numpy().copy() for a in (w, g, m, v))
+    m1 = b1 * m0 + (np.float32(1) - b1) * g0
+    v1 = b2 * v0 + (np.float32(1) - b2) * g0 * g0
+    w1 = w0 - (lr / c1) * m1 / (np.sqrt(v1) / c2 + eps)
+    want = {
+        "w": np.where(on, w1, w0),
+        "m": np.where(on, m1, m0),
+        "v": np.where(on, v1, v0),
+        "g": np.where(on, np.float32(0), g0),
+        "steps": np.where(on[:, 0], n, n - 1),
+    }
+    cpu_ext.hash_grid_adam(w, g, touched, m, v, steps, bc1, bc2, 1e-2, 0.9, 0.99, 1e-15)
+    got = {"w": w, "m": m, "v": v, "g": g, "steps": steps}
+    for k in want:
+        assert want[k].dtype == got[k].numpy().dtype, k
+        assert np.array_equal(got[k].numpy(), want[k]), k
+    assert not touched.any()
 
 
 def test_row_sparse_adam_refuses_step_counts_past_its_bias_tables(cpu_ext):
