@@ -9,6 +9,7 @@
 #include "binding_checks.h"
 #include "hash_adam_cpu.h"
 #include "hash_grid_cpu.h"
+#include "marching_cpu.h"
 #include "composite.h"
 #include "mlp_cpu.h"
 #include "sh.h"
@@ -291,8 +292,15 @@ std::vector<at::Tensor> march_rays(at::Tensor rays_o, at::Tensor rays_d, at::Ten
     auto counts = at::empty({n}, rays_o.options().dtype(at::kLong));
     int64_t* cnt = counts.data_ptr<int64_t>();
     const int nt = n_threads();
+    const bool one_pass = kn_cpu::march_cap(p) <= kn_cpu::MARCH_MAX_SCRATCH;
+    std::vector<kn_cpu::MarchBlock> blocks;
+    if (one_pass) {
+        blocks = kn_cpu::march_blocks(o, d, tn, tf, u, p, g, n, cnt, nt);
+    } else {  // a step far finer than the box: count first, then fill at the offsets
 #pragma omp parallel for schedule(dynamic, 64) num_threads(nt)
-    for (int64_t i = 0; i < n; ++i) cnt[i] = kn::march_ray(o + 3 * i, d + 3 * i, tn[i], tf[i], u[i], p, g, nullptr, nullptr);
+        for (int64_t i = 0; i < n; ++i)
+            cnt[i] = kn::march_ray(o + 3 * i, d + 3 * i, tn[i], tf[i], u[i], p, g, nullptr, nullptr);
+    }
     auto offsets = at::zeros({n + 1}, counts.options());
     int64_t* off = offsets.data_ptr<int64_t>();
     for (int64_t i = 0; i < n; ++i) off[i + 1] = off[i] + cnt[i];
@@ -302,10 +310,14 @@ std::vector<at::Tensor> march_rays(at::Tensor rays_o, at::Tensor rays_d, at::Ten
     auto ray_indices = at::empty({total}, counts.options());
     float *a = t0.data_ptr<float>(), *b = t1.data_ptr<float>();
     int64_t* ri = ray_indices.data_ptr<int64_t>();
+    if (one_pass) {
+        kn_cpu::pack_blocks(blocks, off, n, a, b, ri, nt);
+    } else {
 #pragma omp parallel for schedule(dynamic, 64) num_threads(nt)
-    for (int64_t i = 0; i < n; ++i) {
-        kn::march_ray(o + 3 * i, d + 3 * i, tn[i], tf[i], u[i], p, g, a + off[i], b + off[i]);
-        for (int64_t k = off[i]; k < off[i + 1]; ++k) ri[k] = i;
+        for (int64_t i = 0; i < n; ++i) {
+            kn::march_ray(o + 3 * i, d + 3 * i, tn[i], tf[i], u[i], p, g, a + off[i], b + off[i]);
+            for (int64_t k = off[i]; k < off[i + 1]; ++k) ri[k] = i;
+        }
     }
     return {ray_indices, t0, t1, offsets, counts};
 }

@@ -69,6 +69,21 @@ def test_packed_layout_and_limits(cpu_ext):
     assert (s.t_starts[1:][same_ray] >= s.t_ends[:-1][same_ray] - 1e-6).all()
 
 
+def test_one_pass_and_two_pass_marches_agree(cpu_ext):
+    # The CPU marches in one pass into per-block buffers sized by the most samples a ray can
+    # get; when that bound is huge (a step far finer than the box, with a large max_samples) it
+    # counts first and fills after. Both must give the same samples: a window of the rays keeps
+    # the count small whatever max_samples allows.
+    g = sphere_grid()
+    o, d = camera_rays(50)
+    kw = dict(render_step_size=2e-6, near=2.4, far=2.41)
+    one = kernels.march_rays(o, d, g, max_samples=10_000, **kw)
+    two = kernels.march_rays(o, d, g, max_samples=1 << 21, **kw)
+    assert one.n_samples > 50_000 and one.counts.max() < 10_000
+    assert torch.equal(one.counts, two.counts) and torch.equal(one.ray_indices, two.ray_indices)
+    assert torch.equal(one.t_starts, two.t_starts) and torch.equal(one.t_ends, two.t_ends)
+
+
 def test_rays_that_miss_and_empty_grid(cpu_ext):
     o = torch.tensor([[5.0, 5.0, 5.0], [0.0, 3.0, 0.0], [0.0, 0.0, 3.0]])
     d = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -1.0]])  # away, away, through
