@@ -7,7 +7,10 @@
 // product, ReLU, the backward's mask and both gradient products). Here each OpenMP thread takes a
 // block of rows and runs every layer on it while its activations stay in L1/L2. The backward
 // recomputes a block's activations from the inputs (enc, sh) instead of reading saved ones, then
-// back-propagates through it.
+// back-propagates through it: writing the ~1 KB of activations per row to memory and reading them
+// back costs more than recomputing them (a fresh allocation of that size more still, in page
+// faults). Only the forward's outputs (sigma, rgb) are reused: they spare the colour network's
+// last layer and the exponentials of both heads.
 //
 // Weight and bias gradients: the rows are cut into groups that do not depend on the thread count
 // (kn_mlp::plan). Each group adds its blocks, in order, into its own accumulator, and the groups
@@ -328,6 +331,9 @@ struct Grads {
     const float* grad_rgb;    // (N, 3), null: zero
     float* grad_enc;          // (N, n_in) or null
     float* grad_sh;           // (N, n_sh) or null
+    // The forward's sigma (N,) and rgb (N, 3) of the same inputs, or null: recomputed.
+    const float* sigma = nullptr;
+    const float* rgb = nullptr;
 };
 
 // Backward of rows [r0, r0 + nb): recomputes the block's forward, then back-propagates.
@@ -341,11 +347,13 @@ inline void field_backward_block(const Kernels& k, const Field& f, const float* 
     if (color) {
         const Net& C = f.color;
         color_input(f, sh + r0 * f.n_sh, h, nb, ws.cin);
-        net_forward(k, C, ws.cin, f.n_cin(), nb, ws.cact, 3);
+        // With the forward's rgb the last layer's output is not needed (0 columns of it).
+        net_forward(k, C, ws.cin, f.n_cin(), nb, ws.cact, gr.rgb ? 0 : 3);
         const float* z = ws.cact[C.n_layers - 1];
         for (int64_t i = 0; i < nb * 3; ++i) {
             const float g = gr.grad_rgb ? gr.grad_rgb[r0 * 3 + i] : 0.f;
-            ws.dtop[i] = kn::sigmoid_backward<float>(kn::sigmoid_forward<float>(z[i]), g);
+            const float y = gr.rgb ? gr.rgb[r0 * 3 + i] : kn::sigmoid_forward<float>(z[i]);
+            ws.dtop[i] = kn::sigmoid_backward<float>(y, g);
         }
         // The sh columns of the input gradient only when asked for.
         const int64_t col0 = gr.grad_sh ? 0 : f.n_sh;
@@ -362,7 +370,8 @@ inline void field_backward_block(const Kernels& k, const Field& f, const float* 
     }
     for (int64_t r = 0; r < nb; ++r) {
         const float g = gr.grad_sigma ? gr.grad_sigma[r0 + r] : 0.f;
-        ws.dh[r * ldh] = kn::density_backward<float>(h[r * ldh], f.shift, g);
+        ws.dh[r * ldh] = gr.sigma ? kn::density_backward<float>(h[r * ldh], f.shift, gr.sigma[r0 + r], g)
+                                  : kn::density_backward<float>(h[r * ldh], f.shift, g);
     }
     float* genc = gr.grad_enc ? gr.grad_enc + r0 * f.n_in : nullptr;
     net_backward(k, D, enc + r0 * f.n_in, f.n_in, nb, ws.dact, ws.dh, genc, 0, f.n_in, f.n_in, acc, ws.buf0,
