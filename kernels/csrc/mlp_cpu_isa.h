@@ -145,18 +145,27 @@ inline void tile(const GemmArgs& g, int64_t m0, int mr, int64_t n0, Mask last) {
     }
     // Locals: through g, every iteration would reload them (the stores to C may alias g).
     const float* b = g.B + n0;
-    const int64_t sak = g.sak, ldb = g.ldb, K = g.K;
+    const int64_t sak = g.sak, ldb = g.ldb, K1 = g.A2 ? g.K1 : g.K;
     const int epi = g.epi;
-    for (int64_t k = 0; k < K; ++k, b += ldb) {
-        V bv[NV];
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) bv[v] = FULL || v + 1 < NV ? vload(b + v * W) : vload_m(b + v * W, last);
-        const int64_t ka = k * sak;
+    // k < K1 from A, then the rest from A2 (see GemmArgs): one chain of multiply-adds either way.
+    for (int part = 0; part < 2; ++part) {
+        const int64_t kn = part == 0 ? K1 : g.K - K1;
+        if (part == 1) {
+            if (kn <= 0) break;
 #pragma GCC unroll 16
-        for (int m = 0; m < MR; ++m) {
-            const V av = vset1(a[m][ka]);
+            for (int m = 0; m < MR; ++m) a[m] = g.A2 + (m0 + (m < mr ? m : mr - 1)) * g.sam2;
+        }
+        for (int64_t k = 0; k < kn; ++k, b += ldb) {
+            V bv[NV];
 #pragma GCC unroll 4
-            for (int v = 0; v < NV; ++v) acc[m][v] = vfma(av, bv[v], acc[m][v]);
+            for (int v = 0; v < NV; ++v) bv[v] = FULL || v + 1 < NV ? vload(b + v * W) : vload_m(b + v * W, last);
+            const int64_t ka = k * sak;
+#pragma GCC unroll 16
+            for (int m = 0; m < MR; ++m) {
+                const V av = vset1(a[m][ka]);
+#pragma GCC unroll 4
+                for (int v = 0; v < NV; ++v) acc[m][v] = vfma(av, bv[v], acc[m][v]);
+            }
         }
     }
 #pragma GCC unroll 16
