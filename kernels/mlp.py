@@ -63,15 +63,16 @@ class _NerfMlpFn(torch.autograd.Function):
     def forward(ctx, enc, sh, shift, n_density, block, isa, *params):
         dens, col = list(params[:n_density]), list(params[n_density:])
         sigma, rgb = _ext.load_cpu().nerf_mlp_forward(enc, sh, dens, col, shift, block, isa)
-        # Only the inputs: the backward recomputes each block's activations.
-        ctx.save_for_backward(enc, sh, *params)
+        # The inputs and outputs, no activations: the backward recomputes each block's hidden
+        # layers; sigma and rgb spare it the heads' exponentials and the last layer.
+        ctx.save_for_backward(enc, sh, sigma, rgb, *params)
         ctx.meta = (shift, n_density, block, isa)
         return sigma if rgb is None else (sigma, rgb)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g_sigma, g_rgb=None):
-        enc, sh, *params = ctx.saved_tensors
+        enc, sh, sigma, rgb, *params = ctx.saved_tensors
         shift, n_density, block, isa = ctx.meta
         need = ctx.needs_input_grad
         need_params = any(need[6:])
@@ -81,6 +82,8 @@ class _NerfMlpFn(torch.autograd.Function):
             params[:n_density],
             params[n_density:],
             shift,
+            sigma,
+            rgb,
             None if g_sigma is None else g_sigma.contiguous(),
             None if g_rgb is None else g_rgb.contiguous(),
             need[0],

@@ -392,9 +392,12 @@ inline void check_nerf_mlp(const at::Tensor& enc, const c10::optional<at::Tensor
     TORCH_CHECK_VALUE(out == 3, op, ": the colour network must end in 3 outputs, got ", out);
 }
 
-inline void check_nerf_mlp_grads(const at::Tensor& enc, const c10::optional<at::Tensor>& grad_sigma,
+inline void check_nerf_mlp_grads(const at::Tensor& enc, const c10::optional<at::Tensor>& sigma,
+                                 const c10::optional<at::Tensor>& rgb, const c10::optional<at::Tensor>& grad_sigma,
                                  const c10::optional<at::Tensor>& grad_rgb) {
     const char* op = "nerf_mlp backward";
+    if (sigma.has_value()) expect(*sigma, op, "sigma", enc.device(), at::kFloat, {enc.size(0)});
+    if (rgb.has_value()) expect(*rgb, op, "rgb", enc.device(), at::kFloat, {enc.size(0), 3});
     if (grad_sigma.has_value()) expect(*grad_sigma, op, "grad_sigma", enc.device(), at::kFloat, {enc.size(0)});
     if (grad_rgb.has_value()) expect(*grad_rgb, op, "grad_rgb", enc.device(), at::kFloat, {enc.size(0), 3});
 }

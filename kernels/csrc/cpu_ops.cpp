@@ -385,17 +385,19 @@ std::vector<at::Tensor> nerf_mlp_forward(at::Tensor enc, c10::optional<at::Tenso
 }
 
 // grad_enc (or undefined), grad_sh (or undefined), then one gradient per parameter (density's
-// then colour's, in the order given) when need_params.
+// then colour's, in the order given) when need_params. sigma and rgb: what the forward returned for
+// these inputs (saves recomputing them), or None.
 std::vector<at::Tensor> nerf_mlp_backward(at::Tensor enc, c10::optional<at::Tensor> sh, std::vector<at::Tensor> density,
-                                          std::vector<at::Tensor> color, double shift,
-                                          c10::optional<at::Tensor> grad_sigma, c10::optional<at::Tensor> grad_rgb,
+                                          std::vector<at::Tensor> color, double shift, c10::optional<at::Tensor> sigma,
+                                          c10::optional<at::Tensor> rgb, c10::optional<at::Tensor> grad_sigma,
+                                          c10::optional<at::Tensor> grad_rgb,
                                           bool need_enc, bool need_sh, bool need_params, int64_t block, int64_t isa) {
     require_cpu(enc, "nerf_mlp");
     const int use = mlp_isa_for(isa);
     TORCH_CHECK_VALUE(block >= 0, "nerf_mlp: block must be >= 0 (0: automatic)");
     std::vector<at::Tensor> wts;
     const kn_mlp::Field f = mlp_field(enc, sh, density, color, shift, wts);
-    kn_bind::check_nerf_mlp_grads(enc, grad_sigma, grad_rgb);
+    kn_bind::check_nerf_mlp_grads(enc, sigma, rgb, grad_sigma, grad_rgb);
     TORCH_CHECK_VALUE(!need_sh || f.has_color(), "nerf_mlp backward: no sh to take the gradient of");
     const int64_t n = enc.size(0);
     at::Tensor g_enc, g_sh;
@@ -405,7 +407,9 @@ std::vector<at::Tensor> nerf_mlp_backward(at::Tensor enc, c10::optional<at::Tens
     if (need_params) flat = at::empty({f.n_params}, enc.options());
     kn_mlp::Grads gr{grad_sigma.has_value() ? grad_sigma->data_ptr<float>() : nullptr,
                      grad_rgb.has_value() && f.has_color() ? grad_rgb->data_ptr<float>() : nullptr,
-                     need_enc ? g_enc.data_ptr<float>() : nullptr, need_sh ? g_sh.data_ptr<float>() : nullptr};
+                     need_enc ? g_enc.data_ptr<float>() : nullptr, need_sh ? g_sh.data_ptr<float>() : nullptr,
+                     sigma.has_value() ? sigma->data_ptr<float>() : nullptr,
+                     rgb.has_value() && f.has_color() ? rgb->data_ptr<float>() : nullptr};
     kn_mlp::field_backward(use, f, enc.data_ptr<float>(), f.has_color() ? sh->data_ptr<float>() : nullptr, n, gr,
                            need_params ? flat.data_ptr<float>() : nullptr, block, n_threads());
     std::vector<at::Tensor> out{g_enc, g_sh};

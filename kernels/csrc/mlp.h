@@ -22,6 +22,15 @@ KN_HD T density_backward(T h0, T shift, T grad_sigma) {
     return grad_sigma * kn_exp<T>(c);
 }
 
+// The same from the forward's sigma = exp(h0 - shift): wherever the clamp leaves x alone, exp(c)
+// is sigma, bit for bit, and needs no second exp.
+template <typename T>
+KN_HD T density_backward(T h0, T shift, T sigma, T grad_sigma) {
+    const T x = h0 - shift;
+    const T c = x < T(-15) ? T(-15) : (x > T(15) ? T(15) : x);
+    return grad_sigma * (c == x ? sigma : kn_exp<T>(c));
+}
+
 template <typename T>
 KN_HD T sigmoid_forward(T z) {
     return T(1) / (T(1) + kn_exp<T>(-z));

@@ -7,7 +7,10 @@
 // product, ReLU, the backward's mask and both gradient products). Here each OpenMP thread takes a
 // block of rows and runs every layer on it while its activations stay in L1/L2. The backward
 // recomputes a block's activations from the inputs (enc, sh) instead of reading saved ones, then
-// back-propagates through it.
+// back-propagates through it: writing the ~1 KB of activations per row to memory and reading them
+// back costs more than recomputing them (a fresh allocation of that size more still, in page
+// faults). Only the forward's outputs (sigma, rgb) are reused: they spare the colour network's
+// last layer and the exponentials of both heads.
 //
 // Weight and bias gradients: the rows are cut into groups that do not depend on the thread count
 // (kn_mlp::plan). Each group adds its blocks, in order, into its own accumulator, and the groups
@@ -21,6 +24,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -39,10 +43,14 @@ enum Epilogue : int { EPI_NONE = 0, EPI_RELU = 1, EPI_MASK = 2 };
 // A(m, k) = A[m * sam + k * sak]: sam = 1 and sak = rows reads a row-major matrix transposed.
 // B and C are row-major with row strides ldb and ldc. init: zero, bias[n] or C's own value.
 // Epilogue: none, ReLU, or zero wherever R[m * ldr + n] <= 0 (the ReLU's backward).
+// With A2 not null, A(m, k) for k >= K1 is A2[m * sam2 + (k - K1) * sak] instead: A's columns
+// continued by another matrix's.
 struct GemmArgs {
     int64_t M, N, K;
     const float* A;
     int64_t sam, sak;
+    const float* A2;
+    int64_t sam2, K1;
     const float* B;
     int64_t ldb;
     float* C;
@@ -182,10 +190,29 @@ inline Plan plan(const Field& f, int64_t n, int64_t block) {
     return p;
 }
 
-// Layer l of `net` reads x (nb rows, row stride ldx) or layer l - 1's output and writes out[l]
-// (row stride = its width). `last_cols` < the last layer's width computes only its first columns.
-inline void net_forward(const Kernels& k, const Net& net, const float* x, int64_t ldx, int64_t nb,
-                        float* const* out, int64_t last_cols) {
+// A network's input as two row-major parts side by side: columns [0, cols) from x (row stride ldx),
+// the rest from x2 (row stride ldx2). The colour network reads [sh, h[:, 1:]] where they are, not
+// from a copy.
+struct Input {
+    const float* x;
+    int64_t ldx, cols;
+    const float* x2;
+    int64_t ldx2;
+};
+
+// Where the input gradient goes, split as its Input: columns [0, cols) to dx, the rest to dx2; a
+// null part is not computed.
+struct InputGrad {
+    float* dx;
+    int64_t lddx;
+    float* dx2;
+    int64_t lddx2;
+};
+
+// Layer l of `net` reads `in` (nb rows) or layer l - 1's output and writes out[l] (row stride = its
+// width). `last_cols` < the last layer's width computes only its first columns.
+inline void net_forward(const Kernels& k, const Net& net, const Input& in, int64_t nb, float* const* out,
+                        int64_t last_cols) {
     for (int l = 0; l < net.n_layers; ++l) {
         const Layer& L = net.layer[l];
         const bool last = l + 1 == net.n_layers;
@@ -193,9 +220,14 @@ inline void net_forward(const Kernels& k, const Net& net, const float* x, int64_
         g.M = nb;
         g.N = last ? last_cols : L.out;
         g.K = L.in;
-        g.A = x;
-        g.sam = ldx;
+        g.A = l == 0 ? in.x : out[l - 1];
+        g.sam = l == 0 ? in.ldx : net.layer[l - 1].out;
         g.sak = 1;
+        if (l == 0 && in.cols < L.in) {
+            g.A2 = in.x2;
+            g.sam2 = in.ldx2;
+            g.K1 = in.cols;
+        }
         g.B = L.wt;
         g.ldb = L.out;
         g.C = out[l];
@@ -204,78 +236,91 @@ inline void net_forward(const Kernels& k, const Net& net, const float* x, int64_
         g.init = INIT_BIAS;
         g.epi = last ? EPI_NONE : EPI_RELU;
         k.gemm(g);
-        x = out[l];
-        ldx = L.out;
     }
 }
 
-// Back-propagates dy (nb x the last width) through `net`, whose input was x (row stride ldx) and
-// whose layer outputs are acts. Adds the weight and bias gradients into acc (unless null). Writes
-// columns [dx_col0, dx_col0 + dx_cols) of the input gradient to dx (row stride lddx) unless dx is
-// null; dx points at column dx_col0 of its first row. buf0 and buf1 hold nb x max_width floats each.
-inline void net_backward(const Kernels& k, const Net& net, const float* x, int64_t ldx, int64_t nb,
-                         float* const* acts, const float* dy, float* dx, int64_t dx_col0, int64_t dx_cols,
-                         int64_t lddx, float* acc, float* buf0, float* buf1) {
+// dW[:, col0 : col0 + cols] (out x in) += dy^T (out x nb) . x (nb x cols).
+inline void weight_grad(const Kernels& k, const Layer& L, const float* dy, int64_t nb, const float* x, int64_t ldx,
+                        int64_t col0, int64_t cols, float* acc) {
+    GemmArgs g{};
+    g.M = L.out;
+    g.N = cols;
+    g.K = nb;
+    g.A = dy;
+    g.sam = 1;
+    g.sak = L.out;
+    g.B = x;
+    g.ldb = ldx;
+    g.C = acc + L.gw + col0;
+    g.ldc = L.in;
+    g.init = INIT_ACC;
+    g.epi = EPI_NONE;
+    k.gemm(g);
+}
+
+// dx (nb x cols) = dy (nb x out) . W[:, col0 : col0 + cols], zero wherever R <= 0 (the previous
+// layer's ReLU) unless R is null.
+inline void input_grad(const Kernels& k, const Layer& L, const float* dy, int64_t nb, int64_t col0, int64_t cols,
+                       float* dx, int64_t lddx, const float* R) {
+    GemmArgs g{};
+    g.M = nb;
+    g.N = cols;
+    g.K = L.out;
+    g.A = dy;
+    g.sam = L.out;
+    g.sak = 1;
+    g.B = L.w + col0;
+    g.ldb = L.in;
+    g.C = dx;
+    g.ldc = lddx;
+    g.init = INIT_ZERO;
+    g.epi = R ? EPI_MASK : EPI_NONE;
+    g.R = R;
+    g.ldr = L.in;
+    k.gemm(g);
+}
+
+// Back-propagates dy (nb x the last width) through `net`, whose input was `in` and whose layer
+// outputs are acts. Adds the weight and bias gradients into acc (unless null) and writes the input
+// gradient where dx says. buf0 and buf1 hold nb x max_width floats each.
+inline void net_backward(const Kernels& k, const Net& net, const Input& in, int64_t nb, float* const* acts,
+                         const float* dy, const InputGrad& dx, float* acc, float* buf0, float* buf1) {
     const float* d = dy;
     for (int l = net.n_layers - 1; l >= 0; --l) {
         const Layer& L = net.layer[l];
-        const float* in = l > 0 ? acts[l - 1] : x;
-        const int64_t ldin = l > 0 ? L.in : ldx;
         if (acc) {
-            // dW (out x in) += dy^T (out x nb) . in (nb x in); db += column sums of dy.
-            GemmArgs g{};
-            g.M = L.out;
-            g.N = L.in;
-            g.K = nb;
-            g.A = d;
-            g.sam = 1;
-            g.sak = L.out;
-            g.B = in;
-            g.ldb = ldin;
-            g.C = acc + L.gw;
-            g.ldc = L.in;
-            g.init = INIT_ACC;
-            g.epi = EPI_NONE;
-            k.gemm(g);
+            if (l > 0) {
+                weight_grad(k, L, d, nb, acts[l - 1], L.in, 0, L.in, acc);
+            } else {
+                weight_grad(k, L, d, nb, in.x, in.ldx, 0, in.cols, acc);
+                if (in.cols < L.in) weight_grad(k, L, d, nb, in.x2, in.ldx2, in.cols, L.in - in.cols, acc);
+            }
             k.colsum(nb, L.out, d, L.out, acc + L.gb);
         }
-        if (l == 0 && !dx) break;
-        // d_in (nb x in) = dy (nb x out) . W (out x in), through the previous layer's ReLU.
-        float* next = l == 0 ? dx : (d == buf0 ? buf1 : buf0);
-        GemmArgs g{};
-        g.M = nb;
-        g.N = l == 0 ? dx_cols : L.in;
-        g.K = L.out;
-        g.A = d;
-        g.sam = L.out;
-        g.sak = 1;
-        g.B = L.w + (l == 0 ? dx_col0 : 0);
-        g.ldb = L.in;
-        g.C = next;
-        g.ldc = l == 0 ? lddx : L.in;
-        g.init = INIT_ZERO;
-        g.epi = l == 0 ? EPI_NONE : EPI_MASK;
-        g.R = l == 0 ? nullptr : acts[l - 1];
-        g.ldr = L.in;
-        k.gemm(g);
+        if (l == 0) {
+            if (dx.dx) input_grad(k, L, d, nb, 0, in.cols, dx.dx, dx.lddx, nullptr);
+            if (dx.dx2 && in.cols < L.in) input_grad(k, L, d, nb, in.cols, L.in - in.cols, dx.dx2, dx.lddx2, nullptr);
+            break;
+        }
+        float* next = d == buf0 ? buf1 : buf0;
+        input_grad(k, L, d, nb, 0, L.in, next, L.in, acts[l - 1]);
         d = next;
     }
 }
 
-// A thread's buffers for one block: every layer's output, the colour input and the backward's
-// gradients.
+// A thread's buffers for one block: every layer's output and the backward's gradients.
 struct Workspace {
     std::vector<float> mem;
     float* dact[MAX_LAYERS] = {};
     float* cact[MAX_LAYERS] = {};
-    float *cin = nullptr, *dtop = nullptr, *dcin = nullptr, *dh = nullptr, *buf0 = nullptr, *buf1 = nullptr;
+    float *dtop = nullptr, *dh = nullptr, *buf0 = nullptr, *buf1 = nullptr;
 
     Workspace(const Field& f, int64_t block) {
         const int64_t wd = f.density.max_width();
         const int64_t wc = f.has_color() ? f.color.max_width() : 0;
         const int64_t wmax = wd > wc ? wd : wc;
-        const int64_t per_row = f.density.width_sum() + (f.has_color() ? f.color.width_sum() : 0) +
-                                2 * f.n_cin() + 3 + (1 + f.n_geo) + 2 * wmax;
+        const int64_t per_row =
+            f.density.width_sum() + (f.has_color() ? f.color.width_sum() : 0) + 3 + (1 + f.n_geo) + 2 * wmax;
         mem.assign((size_t)(per_row * block), 0.f);
         float* p = mem.data();
         for (int l = 0; l < f.density.n_layers; ++l) {
@@ -286,8 +331,6 @@ struct Workspace {
             cact[l] = p;
             p += block * f.color.layer[l].out;
         }
-        cin = p, p += block * f.n_cin();
-        dcin = p, p += block * f.n_cin();
         dtop = p, p += block * 3;
         dh = p, p += block * (1 + f.n_geo);
         buf0 = p, p += block * wmax;
@@ -295,30 +338,29 @@ struct Workspace {
     }
 };
 
-// [sh, h[:, 1:]] for the colour network.
-inline void color_input(const Field& f, const float* sh, const float* h, int64_t nb, float* cin) {
-    const int64_t ldh = 1 + f.n_geo, c = f.n_cin();
-    for (int64_t r = 0; r < nb; ++r) {
-        std::memcpy(cin + r * c, sh + r * f.n_sh, sizeof(float) * f.n_sh);
-        std::memcpy(cin + r * c + f.n_sh, h + r * ldh + 1, sizeof(float) * f.n_geo);
-    }
+// Rows r0... of enc for the density network.
+inline Input density_input(const Field& f, const float* enc, int64_t r0) {
+    return {enc + r0 * f.n_in, f.n_in, f.n_in, nullptr, 0};
+}
+
+// [sh, h[:, 1:]] from row r0 for the colour network; h: the block's density outputs.
+inline Input color_input(const Field& f, const float* sh, int64_t r0, const float* h) {
+    return {sh + r0 * f.n_sh, f.n_sh, f.n_sh, h + 1, 1 + f.n_geo};
 }
 
 // Forward of rows [r0, r0 + nb): sigma, and rgb when the field has a colour network and rgb is
-// not null. dact/cact: where each layer's output goes (the workspace or saved arrays).
+// not null. dact/cact: where each layer's output goes.
 inline void field_forward_block(const Kernels& k, const Field& f, const float* enc, const float* sh, int64_t r0,
-                                int64_t nb, float* const* dact, float* const* cact, float* cin, float* sigma,
-                                float* rgb) {
+                                int64_t nb, float* const* dact, float* const* cact, float* sigma, float* rgb) {
     const Net& D = f.density;
     const bool color = rgb && f.has_color();
     // Without colour only h[:, 0] is needed: one column of the last layer, the same bits.
-    net_forward(k, D, enc + r0 * f.n_in, f.n_in, nb, dact, color ? D.layer[D.n_layers - 1].out : 1);
+    net_forward(k, D, density_input(f, enc, r0), nb, dact, color ? D.layer[D.n_layers - 1].out : 1);
     const float* h = dact[D.n_layers - 1];
     const int64_t ldh = 1 + f.n_geo;
     for (int64_t r = 0; r < nb; ++r) sigma[r0 + r] = kn::density_forward<float>(h[r * ldh], f.shift);
     if (!color) return;
-    color_input(f, sh + r0 * f.n_sh, h, nb, cin);
-    net_forward(k, f.color, cin, f.n_cin(), nb, cact, 3);
+    net_forward(k, f.color, color_input(f, sh, r0, h), nb, cact, 3);
     const float* z = cact[f.color.n_layers - 1];
     for (int64_t i = 0; i < nb * 3; ++i) rgb[r0 * 3 + i] = kn::sigmoid_forward<float>(z[i]);
 }
@@ -328,6 +370,9 @@ struct Grads {
     const float* grad_rgb;    // (N, 3), null: zero
     float* grad_enc;          // (N, n_in) or null
     float* grad_sh;           // (N, n_sh) or null
+    // The forward's sigma (N,) and rgb (N, 3) of the same inputs, or null: recomputed.
+    const float* sigma = nullptr;
+    const float* rgb = nullptr;
 };
 
 // Backward of rows [r0, r0 + nb): recomputes the block's forward, then back-propagates.
@@ -336,37 +381,33 @@ inline void field_backward_block(const Kernels& k, const Field& f, const float* 
     const Net& D = f.density;
     const bool color = f.has_color();
     const int64_t ldh = 1 + f.n_geo;
-    net_forward(k, D, enc + r0 * f.n_in, f.n_in, nb, ws.dact, D.layer[D.n_layers - 1].out);
+    net_forward(k, D, density_input(f, enc, r0), nb, ws.dact, D.layer[D.n_layers - 1].out);
     const float* h = ws.dact[D.n_layers - 1];
     if (color) {
         const Net& C = f.color;
-        color_input(f, sh + r0 * f.n_sh, h, nb, ws.cin);
-        net_forward(k, C, ws.cin, f.n_cin(), nb, ws.cact, 3);
+        const Input cin = color_input(f, sh, r0, h);
+        // With the forward's rgb the last layer's output is not needed (0 columns of it).
+        net_forward(k, C, cin, nb, ws.cact, gr.rgb ? 0 : 3);
         const float* z = ws.cact[C.n_layers - 1];
         for (int64_t i = 0; i < nb * 3; ++i) {
             const float g = gr.grad_rgb ? gr.grad_rgb[r0 * 3 + i] : 0.f;
-            ws.dtop[i] = kn::sigmoid_backward<float>(kn::sigmoid_forward<float>(z[i]), g);
+            const float y = gr.rgb ? gr.rgb[r0 * 3 + i] : kn::sigmoid_forward<float>(z[i]);
+            ws.dtop[i] = kn::sigmoid_backward<float>(y, g);
         }
-        // The sh columns of the input gradient only when asked for.
-        const int64_t col0 = gr.grad_sh ? 0 : f.n_sh;
-        net_backward(k, C, ws.cin, f.n_cin(), nb, ws.cact, ws.dtop, ws.dcin + col0, col0, f.n_cin() - col0, f.n_cin(),
-                     acc, ws.buf0, ws.buf1);
-        for (int64_t r = 0; r < nb; ++r) {
-            const float* dc = ws.dcin + r * f.n_cin();
-            if (gr.grad_sh) std::memcpy(gr.grad_sh + (r0 + r) * f.n_sh, dc, sizeof(float) * f.n_sh);
-            std::memcpy(ws.dh + r * ldh + 1, dc + f.n_sh, sizeof(float) * f.n_geo);
-        }
+        // The geometry features' gradient lands in dh[:, 1:]; sh's only when asked for.
+        const InputGrad dcin{gr.grad_sh ? gr.grad_sh + r0 * f.n_sh : nullptr, f.n_sh, ws.dh + 1, ldh};
+        net_backward(k, C, cin, nb, ws.cact, ws.dtop, dcin, acc, ws.buf0, ws.buf1);
     } else {
         for (int64_t r = 0; r < nb; ++r)
             for (int64_t j = 1; j < ldh; ++j) ws.dh[r * ldh + j] = 0.f;
     }
     for (int64_t r = 0; r < nb; ++r) {
         const float g = gr.grad_sigma ? gr.grad_sigma[r0 + r] : 0.f;
-        ws.dh[r * ldh] = kn::density_backward<float>(h[r * ldh], f.shift, g);
+        ws.dh[r * ldh] = gr.sigma ? kn::density_backward<float>(h[r * ldh], f.shift, gr.sigma[r0 + r], g)
+                                  : kn::density_backward<float>(h[r * ldh], f.shift, g);
     }
-    float* genc = gr.grad_enc ? gr.grad_enc + r0 * f.n_in : nullptr;
-    net_backward(k, D, enc + r0 * f.n_in, f.n_in, nb, ws.dact, ws.dh, genc, 0, f.n_in, f.n_in, acc, ws.buf0,
-                 ws.buf1);
+    const InputGrad denc{gr.grad_enc ? gr.grad_enc + r0 * f.n_in : nullptr, f.n_in, nullptr, 0};
+    net_backward(k, D, density_input(f, enc, r0), nb, ws.dact, ws.dh, denc, acc, ws.buf0, ws.buf1);
 }
 
 // sigma (n,) and, when rgb is not null, rgb (n, 3) of n rows of enc (n, n_in) and sh (n, n_sh).
@@ -383,7 +424,7 @@ inline void field_forward(int isa, const Field& f, const float* enc, const float
 #pragma omp for schedule(dynamic, 4)
         for (int64_t b = 0; b < n_blocks; ++b) {
             const int64_t r0 = b * p.block, nb = n - r0 < p.block ? n - r0 : p.block;
-            field_forward_block(k, f, enc, sh, r0, nb, ws.dact, ws.cact, ws.cin, sigma, rgb);
+            field_forward_block(k, f, enc, sh, r0, nb, ws.dact, ws.cact, sigma, rgb);
         }
     }
 }
@@ -396,13 +437,15 @@ inline void field_backward(int isa, const Field& f, const float* enc, const floa
     if (n <= 0) return;
     const Kernels k = kernels_for(isa);
     const Plan p = plan(f, n, block);
-    std::vector<float> acc(params ? (size_t)(p.n_groups * f.n_params) : 0, 0.f);
+    // Not zeroed here: each group clears its own part, so the pages are first touched in parallel.
+    std::unique_ptr<float[]> acc(params ? new float[(size_t)(p.n_groups * f.n_params)] : nullptr);
 #pragma omp parallel num_threads(n_threads)
     {
         Workspace ws(f, p.block);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t g = 0; g < p.n_groups; ++g) {
-            float* a = params ? acc.data() + g * f.n_params : nullptr;
+            float* a = params ? acc.get() + g * f.n_params : nullptr;
+            if (a) std::memset(a, 0, sizeof(float) * f.n_params);
             const int64_t end = (g + 1) * p.group_rows < n ? (g + 1) * p.group_rows : n;
             for (int64_t r0 = g * p.group_rows; r0 < end; r0 += p.block) {
                 const int64_t nb = end - r0 < p.block ? end - r0 : p.block;

@@ -113,9 +113,10 @@ constexpr int rows_for() {
 #endif
 
 // One tile: rows [m0, m0 + mr) and NV vectors of columns from n0, the last vector holding the
-// lanes of `last`. Rows past mr repeat row mr - 1 so that the loop has no row test; they are
-// computed and never stored.
-template <int MR, int NV>
+// lanes of `last` unless FULL. Rows past mr repeat row mr - 1 so that the loop has no row test;
+// they are computed and never stored. FULL panels avoid masked loads and stores, which are slow
+// (AVX2's vmaskmov store is microcoded on AMD Zen).
+template <int MR, int NV, bool FULL>
 inline void tile(const GemmArgs& g, int64_t m0, int mr, int64_t n0, Mask last) {
     V acc[MR][NV];
     const float* a[MR];
@@ -126,12 +127,12 @@ inline void tile(const GemmArgs& g, int64_t m0, int mr, int64_t n0, Mask last) {
         for (int m = 0; m < MR; ++m) {
             const float* c = g.C + (m0 + (m < mr ? m : mr - 1)) * g.ldc + n0;
 #pragma GCC unroll 4
-            for (int v = 0; v < NV; ++v) acc[m][v] = v + 1 < NV ? vload(c + v * W) : vload_m(c + v * W, last);
+            for (int v = 0; v < NV; ++v) acc[m][v] = FULL || v + 1 < NV ? vload(c + v * W) : vload_m(c + v * W, last);
         }
     } else if (g.init == kn_mlp::INIT_BIAS) {
         V b[NV];
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) b[v] = v + 1 < NV ? vload(g.bias + n0 + v * W) : vload_m(g.bias + n0 + v * W, last);
+        for (int v = 0; v < NV; ++v) b[v] = FULL || v + 1 < NV ? vload(g.bias + n0 + v * W) : vload_m(g.bias + n0 + v * W, last);
 #pragma GCC unroll 16
         for (int m = 0; m < MR; ++m)
 #pragma GCC unroll 4
@@ -144,18 +145,27 @@ inline void tile(const GemmArgs& g, int64_t m0, int mr, int64_t n0, Mask last) {
     }
     // Locals: through g, every iteration would reload them (the stores to C may alias g).
     const float* b = g.B + n0;
-    const int64_t sak = g.sak, ldb = g.ldb, K = g.K;
+    const int64_t sak = g.sak, ldb = g.ldb, K1 = g.A2 ? g.K1 : g.K;
     const int epi = g.epi;
-    for (int64_t k = 0; k < K; ++k, b += ldb) {
-        V bv[NV];
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) bv[v] = v + 1 < NV ? vload(b + v * W) : vload_m(b + v * W, last);
-        const int64_t ka = k * sak;
+    // k < K1 from A, then the rest from A2 (see GemmArgs): one chain of multiply-adds either way.
+    for (int part = 0; part < 2; ++part) {
+        const int64_t kn = part == 0 ? K1 : g.K - K1;
+        if (part == 1) {
+            if (kn <= 0) break;
 #pragma GCC unroll 16
-        for (int m = 0; m < MR; ++m) {
-            const V av = vset1(a[m][ka]);
+            for (int m = 0; m < MR; ++m) a[m] = g.A2 + (m0 + (m < mr ? m : mr - 1)) * g.sam2;
+        }
+        for (int64_t k = 0; k < kn; ++k, b += ldb) {
+            V bv[NV];
 #pragma GCC unroll 4
-            for (int v = 0; v < NV; ++v) acc[m][v] = vfma(av, bv[v], acc[m][v]);
+            for (int v = 0; v < NV; ++v) bv[v] = FULL || v + 1 < NV ? vload(b + v * W) : vload_m(b + v * W, last);
+            const int64_t ka = k * sak;
+#pragma GCC unroll 16
+            for (int m = 0; m < MR; ++m) {
+                const V av = vset1(a[m][ka]);
+#pragma GCC unroll 4
+                for (int v = 0; v < NV; ++v) acc[m][v] = vfma(av, bv[v], acc[m][v]);
+            }
         }
     }
 #pragma GCC unroll 16
@@ -169,9 +179,9 @@ inline void tile(const GemmArgs& g, int64_t m0, int mr, int64_t n0, Mask last) {
                 x = vrelu(x);
             } else if (epi == kn_mlp::EPI_MASK) {
                 const float* r = g.R + (m0 + m) * g.ldr + n0 + v * W;
-                x = vkeep_where_positive(x, v + 1 < NV ? vload(r) : vload_m(r, last));
+                x = vkeep_where_positive(x, FULL || v + 1 < NV ? vload(r) : vload_m(r, last));
             }
-            if (v + 1 < NV)
+            if (FULL || v + 1 < NV)
                 vstore(c + v * W, x);
             else
                 vstore_m(c + v * W, x, last);
@@ -179,13 +189,32 @@ inline void tile(const GemmArgs& g, int64_t m0, int mr, int64_t n0, Mask last) {
     }
 }
 
-template <int NV>
+// The rows in tiles of MR; the last few in a shorter tile instead of a whole one that repeats its
+// last row (M is as small as 3 or 16 in the weight-gradient products).
+template <int NV, bool FULL>
 inline void tile_rows(const GemmArgs& g, int64_t n0, Mask last) {
     constexpr int MR = rows_for<NV>();
-    for (int64_t m0 = 0; m0 < g.M; m0 += MR) {
-        const int64_t left = g.M - m0;
-        tile<MR, NV>(g, m0, left < MR ? (int)left : MR, n0, last);
-    }
+    constexpr int HALF = (MR + 1) / 2;
+    int64_t m0 = 0;
+    for (; g.M - m0 >= MR; m0 += MR) tile<MR, NV, FULL>(g, m0, MR, n0, last);
+    const int left = (int)(g.M - m0);
+    if (left <= 0) return;
+    if (left <= 2)
+        tile<2, NV, FULL>(g, m0, left, n0, last);
+    else if (left <= 4)
+        tile<4, NV, FULL>(g, m0, left, n0, last);
+    else if (left <= HALF)
+        tile<HALF, NV, FULL>(g, m0, left, n0, last);
+    else
+        tile<MR, NV, FULL>(g, m0, left, n0, last);
+}
+
+template <int NV>
+inline void tile_rows(const GemmArgs& g, int64_t n0, int64_t cols, Mask last) {
+    if (cols == (int64_t)NV * W)
+        tile_rows<NV, true>(g, n0, last);
+    else
+        tile_rows<NV, false>(g, n0, last);
 }
 
 // C = init + A B with the epilogue of g (see kn_mlp::GemmArgs), in panels of NV_MAX vectors.
@@ -197,23 +226,61 @@ inline void gemm(const GemmArgs& g) {
         const int nv = (int)((cols + W - 1) / W);
         const Mask last = mask_first((int)(cols - (int64_t)(nv - 1) * W));
         switch (nv) {
-            case 1: tile_rows<1>(g, n0, last); break;
-            case 2: tile_rows<2>(g, n0, last); break;
+            case 1: tile_rows<1>(g, n0, cols, last); break;
+            case 2: tile_rows<2>(g, n0, cols, last); break;
 #if KN_MLP_ISA != 256
-            case 3: tile_rows<3>(g, n0, last); break;
-            case 4: tile_rows<4>(g, n0, last); break;
+            case 3: tile_rows<3>(g, n0, cols, last); break;
+            case 4: tile_rows<4>(g, n0, cols, last); break;
 #endif
         }
     }
 }
 
+// out[n0 + n] += X[0, n0 + n] + X[1, n0 + n] + ... (rows in order) for the NV vectors of a panel:
+// NV independent chains of additions instead of one.
+template <int NV, bool FULL>
+inline void colsum_panel(int64_t M, const float* X, int64_t ldx, float* out, Mask last) {
+    V acc[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[v] = FULL || v + 1 < NV ? vload(out + v * W) : vload_m(out + v * W, last);
+    for (int64_t m = 0; m < M; ++m) {
+        const float* x = X + m * ldx;
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v)
+            acc[v] = vadd(acc[v], FULL || v + 1 < NV ? vload(x + v * W) : vload_m(x + v * W, last));
+    }
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+        if (FULL || v + 1 < NV)
+            vstore(out + v * W, acc[v]);
+        else
+            vstore_m(out + v * W, acc[v], last);
+    }
+}
+
+template <int NV>
+inline void colsum_panel(int64_t M, const float* X, int64_t ldx, float* out, int64_t cols, Mask last) {
+    if (cols == (int64_t)NV * W)
+        colsum_panel<NV, true>(M, X, ldx, out, last);
+    else
+        colsum_panel<NV, false>(M, X, ldx, out, last);
+}
+
 // out[n] += X[0, n] + X[1, n] + ... (rows in order), for the bias gradients.
 inline void colsum(int64_t M, int64_t N, const float* X, int64_t ldx, float* out) {
-    for (int64_t n0 = 0; n0 < N; n0 += W) {
-        const Mask mk = mask_first((int)(N - n0 < W ? N - n0 : W));
-        V acc = vload_m(out + n0, mk);
-        for (int64_t m = 0; m < M; ++m) acc = vadd(acc, vload_m(X + m * ldx + n0, mk));
-        vstore_m(out + n0, acc, mk);
+    constexpr int64_t PANEL = (int64_t)NV_MAX * W;
+    for (int64_t n0 = 0; n0 < N; n0 += PANEL) {
+        const int64_t cols = N - n0 < PANEL ? N - n0 : PANEL;
+        const int nv = (int)((cols + W - 1) / W);
+        const Mask last = mask_first((int)(cols - (int64_t)(nv - 1) * W));
+        switch (nv) {
+            case 1: colsum_panel<1>(M, X + n0, ldx, out + n0, cols, last); break;
+            case 2: colsum_panel<2>(M, X + n0, ldx, out + n0, cols, last); break;
+#if KN_MLP_ISA != 256
+            case 3: colsum_panel<3>(M, X + n0, ldx, out + n0, cols, last); break;
+            case 4: colsum_panel<4>(M, X + n0, ldx, out + n0, cols, last); break;
+#endif
+        }
     }
 }
 

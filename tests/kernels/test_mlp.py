@@ -126,6 +126,26 @@ def test_gradient_of_density_is_clamped_like_trunc_exp(cpu_ext, bias):
     assert_matches_reference(got, run(reference, enc, sh, d, c, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("bias", [0.3, 40.0])
+def test_backward_with_or_without_the_forward_outputs_gives_the_same_bits(cpu_ext, bias):
+    # The autograd wrapper hands the backward the forward's sigma and rgb; without them it
+    # recomputes both (and the clamped exponential where h0 - 1 > 15).
+    enc, sh, d, c = field(700)
+    d[-1][1][0] = bias
+    mod = kernels._ext.load_cpu()
+    dens, col = [t for wb in d for t in wb], [t for wb in c for t in wb]
+    sigma, rgb = mod.nerf_mlp_forward(enc, sh, dens, col, 1.0, 0, -1)
+    g = torch.Generator().manual_seed(3)
+    g_sigma, g_rgb = torch.randn(700, generator=g), torch.randn(700, 3, generator=g)
+
+    def backward(s, r):
+        return mod.nerf_mlp_backward(
+            enc, sh, dens, col, 1.0, s, r, g_sigma, g_rgb, True, True, True, 0, -1
+        )
+
+    assert_same_bits(backward(sigma, rgb), backward(None, None))
+
+
 def test_empty_and_single_row(cpu_ext):
     enc, sh, d, c = field(0)
     params = [t.requires_grad_(True) for wb in d + c for t in wb]
