@@ -91,7 +91,9 @@ def march_visible(
     alive = torch.arange(n, device=dev)
     near = torch.zeros(n, device=dev)
     tau_total = torch.zeros(n, dtype=torch.float64, device=dev)
+    # Each round's kept samples (sorted by ray) and how many each ray kept in that round.
     parts: list[tuple[torch.Tensor, ...]] = []
+    kept_per_ray: list[torch.Tensor] = []
     marched, k, first, used = 0, FIRST_ROUND, True, 0
     while alive.numel() and used < max_samples:
         # Every live ray filled all earlier rounds, so all have `used` samples.
@@ -125,14 +127,9 @@ def march_visible(
         if alpha_threshold > 0:
             keep &= (1.0 - torch.exp(-tau)) >= alpha_threshold
         idx = keep.nonzero().squeeze(1)
-        parts.append(
-            (
-                ri.index_select(0, idx),
-                t0.index_select(0, idx),
-                t1.index_select(0, idx),
-                enc.index_select(0, idx),
-            )
-        )
+        kri = ri.index_select(0, idx)
+        parts.append((kri, t0.index_select(0, idx), t1.index_select(0, idx), enc, idx))
+        kept_per_ray.append(torch.bincount(kri, minlength=n))
         tau_total.index_add_(0, ri, tau)
         last = (s.offsets[1:] - 1).clamp_min(0)
         near.index_copy_(
@@ -149,12 +146,35 @@ def march_visible(
     if not parts:
         z = torch.zeros(0, device=dev)
         return torch.zeros(0, dtype=torch.int64, device=dev), z, z, None, marched
-    ri, t0, t1, enc = (torch.cat(c) if len(parts) > 1 else c[0] for c in zip(*parts))
-    if len(parts) > 1:
-        # Rounds are in t order per ray: a stable sort by ray keeps each ray's samples in t order.
-        order = torch.sort(ri, stable=True).indices
-        ri, t0, t1, enc = (v.index_select(0, order) for v in (ri, t0, t1, enc))
-    return ri, t0, t1, enc, marched
+    return (*_pack_rounds(parts, kept_per_ray), marched)
+
+
+def _pack_rounds(parts, kept_per_ray):
+    """The rounds' kept samples in ray order, then t (each ray's rounds follow one another), each
+    copied once to where it belongs instead of concatenated and then sorted."""
+    if len(parts) == 1:
+        ri, t0, t1, enc, idx = parts[0]
+        return ri, t0, t1, enc.index_select(0, idx)
+    counts = torch.stack(kept_per_ray)  # (rounds, n_rays)
+    before = torch.cumsum(counts, 0) - counts  # a ray's samples in its earlier rounds
+    total = counts.sum(0)
+    ray_start = torch.cumsum(total, 0) - total
+    n_kept = int(total.sum())
+    ri0, t00, _, enc0, _ = parts[0]
+    ri = ri0.new_empty(n_kept)
+    t0 = t00.new_empty(n_kept)
+    t1 = t00.new_empty(n_kept)
+    enc = enc0.new_empty(n_kept, enc0.shape[1])
+    for r, (kri, kt0, kt1, renc, idx) in enumerate(parts):
+        # Sample j of the round is the (j - first of its ray in the round)-th of that ray here.
+        first = torch.cumsum(counts[r], 0) - counts[r]
+        rank = torch.arange(kri.numel(), device=kri.device) - first.index_select(0, kri)
+        dest = (ray_start + before[r]).index_select(0, kri) + rank
+        ri.index_copy_(0, dest, kri)
+        t0.index_copy_(0, dest, kt0)
+        t1.index_copy_(0, dest, kt1)
+        enc.index_copy_(0, dest, renc.index_select(0, idx))
+    return ri, t0, t1, enc
 
 
 def render_rays(
