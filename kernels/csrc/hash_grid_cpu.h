@@ -5,11 +5,13 @@
 // points ahead and prefetch their rows.
 // Forward (float, AVX2): the dense levels in one pass over the points, each 8-point group's
 // levels together, then each hashed level in its own pass: a pass walks one 4 MB table slice,
-// which stays in L3 and within the TLB's reach, instead of all of them (49 MB) at once. Corners of
+// which stays in L3 and within the TLB's reach, instead of all of them (49 MB) at once. Those
+// passes write level-major scratch, copied into the point-major output at the end. Corners of
 // 8 points are computed in AVX2 lanes and the rows gathered 4 points at a time, with the scalar
 // body's operations in its order: the same bits.
 // Backward: each thread owns whole levels and walks the points in order, so the table gradient
-// is the same bit for bit whatever the thread count, without atomics. `hash_bwd_rows_impl` adds
+// is the same bit for bit whatever the thread count, without atomics. (AVX2: the output gradient
+// is first copied level-major, so a level's pass reads its slice in order.) `hash_bwd_rows_impl` adds
 // into a persistent gradient and flags the rows it touched, and `hash_adam_impl` updates only
 // those rows and clears them again: no dense zero-fill and no dense optimiser pass per step.
 // Without AVX2 (and for float64) the scalar loops below run.
@@ -20,8 +22,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <type_traits>
-#include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -259,8 +261,12 @@ void fwd(const float* x, const float* table, const kn::HashGridMeta& m, float* o
     const int64_t stride = (int64_t)m.n_levels * F;
     const int64_t n_groups = (n + LANES - 1) / LANES;
     const int64_t ld = n_groups * LANES;
-    std::vector<float> xs_buf((size_t)D * ld);
-    float* xs = xs_buf.data();
+    std::unique_ptr<float[]> xs_buf(new float[(size_t)D * ld]);  // no zero-fill: every lane is written
+    float* xs = xs_buf.get();
+    // Hashed levels' features level-major: a pass writes its slice in order rather than 8 bytes of
+    // every point's row.
+    std::unique_ptr<float[]> ol_buf(new float[(size_t)m.n_levels * ld * F]);
+    float* ol = ol_buf.get();
     // Passes: the dense levels together (small tables that stay cached), then one per hashed level.
     int pass_begin[kn::HASH_GRID_MAX_LEVELS + 1], n_passes = 0;
     for (int l = 0; l < m.n_levels;) {
@@ -312,9 +318,20 @@ void fwd(const float* x, const float* table, const kn::HashGridMeta& m, float* o
             locate(it, l, q);
             const int s = (int)(it % (AHEAD + 1));
             const int valid = (int)std::min<int64_t>(LANES, n - q * LANES);
+            if (lc[l].hashed) {
+                gather_item<D, F>(table + (size_t)m.offset[l] * F, idx[s], w[s], ol + ((size_t)l * ld + q * LANES) * F,
+                                  F, valid);
+                continue;
+            }
             gather_item<D, F>(table + (size_t)m.offset[l] * F, idx[s], w[s], out + q * LANES * stride + l * F, stride,
                               valid);
         }
+        // The hashed levels' features into the point-major output, a point's row at a time.
+        for (int64_t i = q0 * LANES; i < std::min(n, q1 * LANES); ++i)
+            for (int l = 0; l < m.n_levels; ++l) {
+                if (!lc[l].hashed) continue;
+                for (int f = 0; f < F; ++f) out[i * stride + l * F + f] = ol[((size_t)l * ld + i) * F + f];
+            }
     }
 }
 
@@ -325,36 +342,54 @@ void bwd_rows(const float* x, const float* grad_out, const kn::HashGridMeta& m, 
               int64_t n, int n_threads) {
     constexpr int C = 1 << D;
     if (n <= 0) return;
-    const int64_t stride = (int64_t)m.n_levels * F;
+    const int L = m.n_levels;
+    const int64_t stride = (int64_t)L * F;
     const int64_t n_groups = (n + LANES - 1) / LANES;
     const int64_t ld = n_groups * LANES;
-    std::vector<float> xs_buf((size_t)D * ld);
-    float* xs = xs_buf.data();
+    std::unique_ptr<float[]> xs_buf(new float[(size_t)D * ld]);  // no zero-fill: every lane is written
+    float* xs = xs_buf.get();
+    // The output gradient level-major (each level pass then reads its slice in order instead of
+    // 8 bytes of every point's 128-byte row), with a bit per point: nonzero at that level.
+    std::unique_ptr<float[]> gl_buf(new float[(size_t)L * ld * F]);
+    std::unique_ptr<uint8_t[]> live_buf(new uint8_t[(size_t)L * n_groups]);
+    float* gl = gl_buf.get();
+    uint8_t* live_bits = live_buf.get();
     LevelConst lc[kn::HASH_GRID_MAX_LEVELS];
-    for (int l = 0; l < m.n_levels; ++l) lc[l] = level_const(m, l);
+    for (int l = 0; l < L; ++l) lc[l] = level_const(m, l);
 #pragma omp parallel num_threads(n_threads)
     {
 #pragma omp for schedule(static)
-        for (int64_t q = 0; q < n_groups; ++q) load_lanes<D>(x, q * LANES, n, xs + q * LANES, ld);
+        for (int64_t q = 0; q < n_groups; ++q) {
+            load_lanes<D>(x, q * LANES, n, xs + q * LANES, ld);
+            const int valid = (int)std::min<int64_t>(LANES, n - q * LANES);
+            uint8_t bits[kn::HASH_GRID_MAX_LEVELS] = {};
+            for (int k = 0; k < valid; ++k) {
+                const float* g = grad_out + (q * LANES + k) * stride;
+                for (int l = 0; l < L; ++l) {
+                    bool any = false;
+                    for (int f = 0; f < F; ++f) {
+                        gl[((size_t)l * ld + q * LANES + k) * F + f] = g[l * F + f];
+                        any |= g[l * F + f] != 0.0f;
+                    }
+                    bits[l] |= (uint8_t)(any << k);
+                }
+            }
+            for (int l = 0; l < L; ++l) live_bits[(size_t)l * n_groups + q] = bits[l];
+        }
         // Finest levels first: they cost the most, and the cheap coarse ones then even out the threads.
 #pragma omp for schedule(dynamic, 1)
-        for (int li = 0; li < m.n_levels; ++li) {
-            const int l = m.n_levels - 1 - li;
+        for (int li = 0; li < L; ++li) {
+            const int l = L - 1 - li;
             float* level_grad = grad_table + (size_t)m.offset[l] * F;
             uint8_t* level_touched = touched + m.offset[l];
             alignas(32) uint32_t idx[AHEAD + 1][C * LANES];
             alignas(32) float w[AHEAD + 1][C * LANES];
             uint32_t live[AHEAD + 1];
+            const float* level_g = gl + (size_t)l * ld * F;
+            auto grad_of = [&](int64_t i) { return level_g + i * F; };
             auto stage = [&](int64_t q) {
                 const int s = (int)(q % (AHEAD + 1));
-                const int valid = (int)std::min<int64_t>(LANES, n - q * LANES);
-                uint32_t bits = 0;
-                for (int k = 0; k < valid; ++k) {
-                    const float* g = grad_out + (q * LANES + k) * stride + l * F;
-                    bool any = false;
-                    for (int f = 0; f < F; ++f) any |= g[f] != 0.0f;
-                    bits |= (uint32_t)any << k;
-                }
+                const uint32_t bits = live_bits[(size_t)l * n_groups + q];
                 live[s] = bits;
                 if (!bits) return;
                 corners8<D>(xs + q * LANES, ld, lc[l], idx[s], w[s]);
@@ -367,8 +402,7 @@ void bwd_rows(const float* x, const float* grad_out, const kn::HashGridMeta& m, 
                 const uint32_t bits = live[s];
                 for (int k = 0; bits >> k; ++k) {
                     if (!((bits >> k) & 1)) continue;
-                    scatter_point<D, F>(level_grad, level_touched, idx[s], w[s], k,
-                                        grad_out + (q * LANES + k) * stride + l * F);
+                    scatter_point<D, F>(level_grad, level_touched, idx[s], w[s], k, grad_of(q * LANES + k));
                 }
             }
         }
