@@ -246,3 +246,33 @@ def test_row_sparse_adam_refuses_step_counts_past_its_bias_tables(cpu_ext):
     with pytest.raises(ValueError, match="bias tables"):
         opt.step()
     assert torch.equal(g.params.detach()[touched], before[touched])
+
+
+@pytest.mark.parametrize("d", [2, 3])
+@pytest.mark.parametrize("features", [1, 2, 4, 8])
+def test_vector_and_scalar_loops_give_the_same_bits(cpu_ext, monkeypatch, d, features):
+    # The AVX2 loops (float32, where the CPU has them) compute the scalar body's operations in its
+    # order: forward, row gradient and touched flags are the same bits. 1003 points: partial
+    # lane groups; zero output gradients: skipped points.
+    g = make_grid(d, log2=14, finest=1024, features=features, levels=12, seed=features)
+    gen = torch.Generator().manual_seed(features)
+    x = torch.rand(1003, d, generator=gen) * 1.2 - 0.1
+    x[0, 0], x[1] = float("nan"), 1.0
+    go = torch.randn(1003, g.n_output_dims, generator=gen)
+    go[::5] = 0
+    go[1::7, : features * 3] = 0
+    meta = (g.offsets, g.resolution, g.scales, g.hashed)
+    runs = []
+    for scalar in (False, True):
+        if scalar:
+            monkeypatch.setenv("KERNELS_HASH_GRID_SCALAR", "1")
+        else:
+            monkeypatch.delenv("KERNELS_HASH_GRID_SCALAR", raising=False)
+        values = torch.full_like(g.params, 0.25)
+        touched = torch.zeros(g.params.shape[0], dtype=torch.uint8)
+        with torch.no_grad():
+            enc = cpu_ext.hash_grid_forward(x, g.params, *meta)
+        cpu_ext.hash_grid_backward_rows(x, go, values, touched, *meta)
+        runs.append((enc, values, touched))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
