@@ -150,7 +150,7 @@ def main(argv=None) -> int:
 
     # Rays through pixel centres, as the baseline trains (a step costs the same either way; the
     # PSNR after a few hundred steps is only comparable with the same sampling).
-    config = NerfConfig(**{**CPU_CONFIG, "steps": a.steps, "pixel_jitter": False}).model_dump(
+    config = NerfConfig(**{**CPU_CONFIG, "steps": a.steps, "pixel_jitter": 0.0}).model_dump(
         mode="json"
     )
     with tempfile.TemporaryDirectory(prefix="nerf_step_bench_") as tmp:

@@ -91,9 +91,8 @@ def march_visible(
     alive = torch.arange(n, device=dev)
     near = torch.zeros(n, device=dev)
     tau_total = torch.zeros(n, dtype=torch.float64, device=dev)
-    # Each round's kept samples (sorted by ray) and how many each ray kept in that round.
+    # Each round's kept samples (sorted by ray): ray, t0, t1, the round's features, kept indices.
     parts: list[tuple[torch.Tensor, ...]] = []
-    kept_per_ray: list[torch.Tensor] = []
     marched, k, first, used = 0, FIRST_ROUND, True, 0
     while alive.numel() and used < max_samples:
         # Every live ray filled all earlier rounds, so all have `used` samples.
@@ -127,9 +126,9 @@ def march_visible(
         if alpha_threshold > 0:
             keep &= (1.0 - torch.exp(-tau)) >= alpha_threshold
         idx = keep.nonzero().squeeze(1)
-        kri = ri.index_select(0, idx)
-        parts.append((kri, t0.index_select(0, idx), t1.index_select(0, idx), enc, idx))
-        kept_per_ray.append(torch.bincount(kri, minlength=n))
+        parts.append(
+            (ri.index_select(0, idx), t0.index_select(0, idx), t1.index_select(0, idx), enc, idx)
+        )
         tau_total.index_add_(0, ri, tau)
         last = (s.offsets[1:] - 1).clamp_min(0)
         near.index_copy_(
@@ -146,25 +145,25 @@ def march_visible(
     if not parts:
         z = torch.zeros(0, device=dev)
         return torch.zeros(0, dtype=torch.int64, device=dev), z, z, None, marched
-    return (*_pack_rounds(parts, kept_per_ray), marched)
+    return (*_pack_rounds(parts, n), marched)
 
 
-def _pack_rounds(parts, kept_per_ray):
+def _pack_rounds(parts, n_rays: int):
     """The rounds' kept samples in ray order, then t (each ray's rounds follow one another), each
     copied once to where it belongs instead of concatenated and then sorted."""
     if len(parts) == 1:
         ri, t0, t1, enc, idx = parts[0]
         return ri, t0, t1, enc.index_select(0, idx)
-    counts = torch.stack(kept_per_ray)  # (rounds, n_rays)
+    # (rounds, n_rays): how many samples each ray kept in each round
+    counts = torch.stack([torch.bincount(p[0], minlength=n_rays) for p in parts])
     before = torch.cumsum(counts, 0) - counts  # a ray's samples in its earlier rounds
     total = counts.sum(0)
     ray_start = torch.cumsum(total, 0) - total
     n_kept = int(total.sum())
-    ri0, t00, _, enc0, _ = parts[0]
-    ri = ri0.new_empty(n_kept)
-    t0 = t00.new_empty(n_kept)
-    t1 = t00.new_empty(n_kept)
-    enc = enc0.new_empty(n_kept, enc0.shape[1])
+    ri = parts[0][0].new_empty(n_kept)
+    t0 = parts[0][1].new_empty(n_kept)
+    t1 = parts[0][1].new_empty(n_kept)
+    enc = parts[0][3].new_empty(n_kept, parts[0][3].shape[1])
     for r, (kri, kt0, kt1, renc, idx) in enumerate(parts):
         # Sample j of the round is the (j - first of its ray in the round)-th of that ray here.
         first = torch.cumsum(counts[r], 0) - counts[r]
