@@ -145,7 +145,9 @@ class SceneJob:
             trainer.lr_horizon_s = budget.training_end(n_test)
             trainer.budget_used_s = budget.used()
             last = trainer.train_step()
-            self.report(ctx, trainer, last)
+            # This run's first step is reported at once: the first loss and PSNR are there to
+            # see, and later ones compare with where training started, whatever the step speed.
+            self.report(ctx, trainer, last, force=trainer.step == ctx.progress.start_step + 1)
             self.after_step(trainer, test)
             if trainer.step < steps and (
                 trainer.step % config["checkpoint_every"] == 0 or ctx.checkpoints.due()
