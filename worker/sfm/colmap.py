@@ -24,7 +24,11 @@ EXTRACT_CHUNKS = 20
 # down, as COLMAP's own docs advise for low-resolution captures, so small images still map.
 MANY_KEYPOINTS = 2000
 SMALL_INIT_INLIERS, SMALL_ABS_POSE_INLIERS, SMALL_INIT_TRI_ANGLE = 40, 15, 8.0
-SEED = 0  # RANSAC and initial-pair choice: one capture maps the same way every time
+# RANSAC (two-view and mapper) and initial-pair choice. COLMAP's generators are per thread, so
+# with several threads a capture still maps slightly differently from run to run.
+SEED = 0
+# Models whose parameters beyond focal length and principal point are lens distortion.
+NO_DISTORTION_MODELS = ("SIMPLE_PINHOLE", "PINHOLE")
 
 
 class SfmCancelled(Exception):
@@ -62,6 +66,7 @@ class SfmResult:
     mean_keypoints: float
     model_dir: Path | None = None  # the largest model, COLMAP binary
     seconds: dict[str, float] = field(default_factory=dict)
+    distortion_fixed_while_mapping: bool = False
 
 
 def read_model(rec) -> tuple[list[Registered], np.ndarray, np.ndarray]:
@@ -148,7 +153,7 @@ class _Watcher:
         self._thread.join(timeout=2)
 
 
-def _mapping_options(opts: SfmOptions, mean_keypoints: float):
+def _mapping_options(opts: SfmOptions, mean_keypoints: float, fix_distortion: bool = False):
     import pycolmap
 
     po = pycolmap.IncrementalPipelineOptions()
@@ -159,7 +164,34 @@ def _mapping_options(opts: SfmOptions, mean_keypoints: float):
         po.mapper.init_min_num_inliers = SMALL_INIT_INLIERS
         po.mapper.abs_pose_min_num_inliers = SMALL_ABS_POSE_INLIERS
         po.mapper.init_min_tri_angle = SMALL_INIT_TRI_ANGLE
+    if fix_distortion:
+        po.ba_refine_extra_params = False
+        po.mapper.abs_pose_refine_extra_params = False
     return po
+
+
+def _map(db, image_dir, out_dir, po, callback, token) -> dict:
+    import pycolmap
+
+    return pycolmap.incremental_mapping(
+        db, image_dir, out_dir, options=po, next_image_callback=callback, cancellation_token=token
+    )
+
+
+def _largest(models: dict):
+    return max(models.values(), key=lambda r: r.num_reg_images(), default=None)
+
+
+def _refine_distortion(rec, threads: int, token) -> None:
+    """One global bundle adjustment of every parameter, distortion included, over a model
+    mapped with the distortion held at zero."""
+    import pycolmap
+
+    ba = pycolmap.BundleAdjustmentOptions()
+    ba.refine_extra_params = True
+    ba.print_summary = False
+    ba.ceres.solver_options.num_threads = _threads(threads)
+    pycolmap.bundle_adjustment(rec, ba, cancellation_token=token)
 
 
 def run_sfm(
@@ -222,7 +254,14 @@ def _run_sfm(image_dir, names, work_dir, opts, progress, cancelled, start_pct) -
         t0 = time.perf_counter()
         mo = pycolmap.FeatureMatchingOptions()
         mo.num_threads = _threads(opts.threads)
-        common = dict(matching_options=mo, device=device, cancellation_token=watch.token)
+        vo = pycolmap.TwoViewGeometryOptions()
+        vo.ransac.random_seed = SEED
+        common = dict(
+            matching_options=mo,
+            verification_options=vo,
+            device=device,
+            cancellation_token=watch.token,
+        )
         if opts.matcher == "sequential":
             pycolmap.match_sequential(db, **common)
         elif opts.matcher == "vocab_tree":
@@ -242,18 +281,37 @@ def _run_sfm(image_dir, names, work_dir, opts, progress, cancelled, start_pct) -
             done[0] += 1
             report(pct(MATCH_END + (MAP_END - MATCH_END) * min(done[0], len(names)) / len(names)))
 
-        models = pycolmap.incremental_mapping(
-            db,
-            image_dir,
-            work_dir / "sparse",
-            options=_mapping_options(opts, mean_kp),
-            next_image_callback=next_image,
-            cancellation_token=watch.token,
-        )
+        po = _mapping_options(opts, mean_kp)
+        models = _map(db, image_dir, work_dir / "sparse", po, next_image, watch.token)
         watch.check()
+        best = _largest(models)
         seconds["map"] = time.perf_counter() - t0
+        fixed = False
+        n_best = best.num_reg_images() if best is not None else 0
+        split = len(models) > 1 and n_best < len(names)
+        if split and opts.camera_model not in NO_DISTORTION_MODELS:
+            # Distortion refined from the first few views can drift far enough that later views
+            # no longer fit the model, which then splits (on experiments/sfm_capture.py's 200 px
+            # views, OPENCV split 15 + 5 of 24 about one run in five). Mapped again with it held
+            # at zero and refined once at the end over every view, such a capture stays in one
+            # piece; the run that registers more images is kept.
+            t0 = time.perf_counter()
+            retry = _map(
+                db,
+                image_dir,
+                work_dir / "sparse_fixed",
+                _mapping_options(opts, mean_kp, fix_distortion=True),
+                lambda: None,  # progress holds where the first run left it
+                watch.token,
+            )
+            watch.check()
+            alt = _largest(retry)
+            if alt is not None and alt.num_reg_images() > n_best:
+                _refine_distortion(alt, opts.threads, watch.token)
+                watch.check()
+                best, models, fixed = alt, retry, True
+            seconds["map_fixed_distortion"] = time.perf_counter() - t0
 
-    best = max(models.values(), key=lambda r: r.num_reg_images(), default=None)
     model_dir = None
     if best is not None:
         model_dir = work_dir / "model"
@@ -270,4 +328,5 @@ def _run_sfm(image_dir, names, work_dir, opts, progress, cancelled, start_pct) -
         model_dir=model_dir,
         mean_keypoints=mean_kp,
         seconds=seconds,
+        distortion_fixed_while_mapping=fixed,
     )

@@ -138,6 +138,13 @@ def run(job, paths, settings, progress, cancelled) -> dict[str, Any]:
     shutil.rmtree(partial, ignore_errors=True)
     report = lambda pct: progress.report(int(pct), 100)  # noqa: E731
     report(0)
+    # The cap stops the stage the way a cancel does (pycolmap's calls watch one token), so a
+    # capture too big for this worker ends with a message instead of holding it for hours.
+    limit = settings.sfm_max_seconds
+    deadline = time.monotonic() + limit
+    timed_out = lambda: bool(limit) and time.monotonic() > deadline  # noqa: E731
+    user_cancelled = cancelled
+    cancelled = lambda: user_cancelled() or timed_out()  # noqa: E731
     summary: dict[str, Any] = {}
     try:
         start_pct = 0.0
@@ -191,6 +198,8 @@ def run(job, paths, settings, progress, cancelled) -> dict[str, Any]:
                 "mean_keypoints": round(result.mean_keypoints, 1),
             }
         )
+        if result.distortion_fixed_while_mapping:
+            summary["distortion_fixed_while_mapping"] = True
         min_share = settings.sfm_min_registered_share
         if share < min_share or n_reg < MIN_TRAIN_VIEWS + 1:
             raise StageError(
@@ -249,6 +258,15 @@ def run(job, paths, settings, progress, cancelled) -> dict[str, Any]:
         if paths.dataset.exists():
             shutil.rmtree(paths.dataset)
         os.replace(partial, paths.dataset)
+    except SfmCancelled:
+        if timed_out() and not user_cancelled():
+            on = f" on {len(cap.files)} images" if cap.files else ""
+            raise StageError(
+                f"SfM ran longer than {limit} s (SFM_MAX_SECONDS){on}; upload fewer or "
+                "smaller photos (or lower SFM_MAX_IMAGE_SIZE / SFM_NUM_FRAMES_TARGET), or "
+                "raise the limit"
+            ) from None
+        raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(partial, ignore_errors=True)
