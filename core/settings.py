@@ -144,6 +144,9 @@ class Settings(BaseSettings):
         1600, ge=64, le=10_000, description="long side SfM extracts features at; video frames kept"
     )
     sfm_threads: int = Field(0, ge=0, description="threads of one SfM run; 0 = all cores")
+    sfm_max_seconds: int = Field(
+        7200, ge=0, description="SfM running longer fails the job; 0 = no limit"
+    )
     sfm_camera_model: Literal[
         "auto", "SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV"
     ] = Field("auto", description="camera model SfM fits; auto picks by source (docs/capture.md)")
