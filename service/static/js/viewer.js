@@ -134,7 +134,9 @@ export class OrbitViewer {
     this.version = 0;
     this.shown = { version: -1, full: false };
     this.inflight = false;
-    this.lastChange = 0;
+    // -Infinity, not 0: performance.now() starts at page load, so a viewer made in the first
+    // IDLE_MS would otherwise take its first, still view for a drag and ask for small frames
+    this.lastChange = -Infinity;
     this.disposed = false;
 
     this.frame = new Frame("rendered view");
@@ -238,7 +240,7 @@ export class OrbitViewer {
 
   changed(moving) {
     this.version += 1;
-    this.lastChange = moving ? performance.now() : 0;
+    this.lastChange = moving ? performance.now() : -Infinity;
     this.pump();
     if (moving) {
       clearTimeout(this.idleTimer);
