@@ -11,6 +11,8 @@
 #include <omp.h>
 
 #include <cstdint>
+#include <algorithm>
+#include <climits>
 #include <cstring>
 
 #include "hash_grid_cpu.h"
@@ -32,38 +34,40 @@ bool hash_adam_avx2(float* w, float* grad, uint8_t* touched, float* m, float* v,
                     const float* bc2_sqrt, int64_t n_bias, int64_t groups, float lr, float b1, float b2, float eps,
                     int n_threads) {
     constexpr int R = 8 / F;  // rows per vector
+    // Row-level lanes (the first R valid) and the row each of the 8 entry lanes belongs to.
+    const __m256i first_r = _mm256_cmpgt_epi32(_mm256_set1_epi32(R), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i lane_row = _mm256_setr_epi32(0 / F, 1 / F, 2 / F, 3 / F, 4 / F, 5 / F, 6 / F, 7 / F);
+    const __m256i one = _mm256_set1_epi32(1), zero = _mm256_setzero_si256();
+    const __m256i nb = _mm256_set1_epi32((int32_t)std::min<int64_t>(n_bias, INT32_MAX));
     int bad = 0;
 #pragma omp parallel for schedule(static, 512) num_threads(n_threads) reduction(| : bad)
     for (int64_t gi = 0; gi < groups; ++gi) {
         const int64_t r0 = gi * R;
-        uint8_t flags[R];
-        std::memcpy(flags, touched + r0, R);
-        uint64_t any = 0;
-        for (int k = 0; k < R; ++k) any |= flags[k];
-        if (!any) continue;
-        alignas(32) float c1[8], c2[8];
-        alignas(32) int32_t keep[8];
-        for (int k = 0; k < R; ++k) {
-            int32_t t = steps[r0 + k] + 1;
-            bool on = flags[k] != 0;
-            if (on && (t < 1 || t >= n_bias)) {
-                bad = 1;
-                on = false;
-            }
-            if (on) {
-                steps[r0 + k] = t;
-                touched[r0 + k] = 0;
-            } else {
-                t = 1;  // any valid entry: the lane is computed and thrown away
-            }
-            for (int f = 0; f < F; ++f) {
-                c1[k * F + f] = bc1[t];
-                c2[k * F + f] = bc2_sqrt[t];
-                keep[k * F + f] = on ? -1 : 0;
-            }
+        uint64_t f8 = 0;
+        std::memcpy(&f8, touched + r0, R);
+        if (!f8) continue;
+        // Counts, flags and bias factors in vector lanes: building them a lane at a time through
+        // memory cost more than the update itself (each vector load waited on eight stores).
+        const __m256i fl = _mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)f8)), zero);
+        const __m256i s0 = _mm256_maskload_epi32(steps + r0, first_r);
+        const __m256i t = _mm256_add_epi32(s0, one);
+        const __m256i in_range = _mm256_and_si256(_mm256_cmpgt_epi32(t, zero), _mm256_cmpgt_epi32(nb, t));
+        const __m256i on_row = _mm256_and_si256(fl, in_range);
+        const int fl_bits = _mm256_movemask_ps(_mm256_castsi256_ps(fl));
+        const int on_bits = _mm256_movemask_ps(_mm256_castsi256_ps(on_row));
+        if (on_bits != fl_bits) bad = 1;  // a touched row whose count is outside the tables stays as it is
+        _mm256_maskstore_epi32(steps + r0, on_row, t);
+        if (on_bits == fl_bits) {
+            std::memset(touched + r0, 0, R);
+        } else {
+            for (int k = 0; k < R; ++k)
+                if ((on_bits >> k) & 1) touched[r0 + k] = 0;
         }
+        const __m256i t_used = _mm256_permutevar8x32_epi32(_mm256_blendv_epi8(one, t, on_row), lane_row);
+        const __m256 on = _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(on_row, lane_row));
+        const __m256 vc1 = _mm256_i32gather_ps(bc1, t_used, 4);
+        const __m256 vc2 = _mm256_i32gather_ps(bc2_sqrt, t_used, 4);
         const int64_t o = r0 * F;
-        const __m256 on = _mm256_castsi256_ps(_mm256_load_si256((const __m256i*)keep));
         const __m256 g = _mm256_loadu_ps(grad + o);
         const __m256 m0 = _mm256_loadu_ps(m + o);
         const __m256 v0 = _mm256_loadu_ps(v + o);
@@ -73,8 +77,8 @@ bool hash_adam_avx2(float* w, float* grad, uint8_t* touched, float* m, float* v,
         const __m256 v1 =
             _mm256_add_ps(_mm256_mul_ps(vb2, v0), _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(1.f - b2), g), g));
         const __m256 denom =
-            _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v1), _mm256_load_ps(c2)), _mm256_set1_ps(eps));
-        const __m256 step = _mm256_div_ps(_mm256_mul_ps(_mm256_div_ps(_mm256_set1_ps(lr), _mm256_load_ps(c1)), m1),
+            _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v1), vc2), _mm256_set1_ps(eps));
+        const __m256 step = _mm256_div_ps(_mm256_mul_ps(_mm256_div_ps(_mm256_set1_ps(lr), vc1), m1),
                                           denom);
         _mm256_storeu_ps(m + o, _mm256_blendv_ps(m0, m1, on));
         _mm256_storeu_ps(v + o, _mm256_blendv_ps(v0, v1, on));
