@@ -86,8 +86,13 @@ class NerfConfig(TrainingImages):
     # Hash grid encoding
     n_levels: int = Field(16, ge=1, le=32)
     features_per_level: Literal[1, 2, 4, 8] = 2
-    log2_hashmap_size: int = Field(
-        19, ge=14, le=24, description="hash table size per level, 2^14 to 2^24 (kernels.HashGrid)"
+    log2_hashmap_size: int | None = Field(
+        None,
+        ge=14,
+        le=24,
+        description="hash table size per level, 2^14 to 2^24 (kernels.HashGrid); default by the "
+        "training pixels P: floor(log2 P) - 2 within 14..19, so a hashed level holds about P/4 "
+        "to P/8 rows (instant-ngp's 2^19 from 2^21 training pixels up)",
     )
     base_resolution: int = Field(16, ge=2, le=1024)
     max_resolution: int = Field(
@@ -104,7 +109,10 @@ class NerfConfig(TrainingImages):
     color_layers: int = Field(2, ge=1, le=8)
     mlp_precision: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
-        description="auto: bfloat16 MLPs on CPUs with native bfloat16 matrix products, else float32",
+        description=(
+            "auto (= float32): the fused float32 MLP op on the CPU, faster there than bfloat16 "
+            "even with AMX; bfloat16: nn.Linear under bfloat16 autocast"
+        ),
     )
     sh_degree: int = Field(
         4,

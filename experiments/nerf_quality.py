@@ -32,7 +32,7 @@ from experiments.synthetic_scene import FOV_X_DEG, scene_files
 
 # CPU settings: a 64^3 occupancy grid and ~256 steps across the box are plenty for 100x100 views
 # (a pixel spans ~0.02 normalised units, a step 0.0135); the network is the (16 levels,
-# F=2, 2^19, 64-wide MLPs).
+# F=2, 64-wide MLPs) with the default table for its 6e5 training pixels (2^17 rows per level).
 CPU_CONFIG = {
     "occupancy_resolution": 64,
     "max_samples_per_ray": 256,

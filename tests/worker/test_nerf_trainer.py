@@ -68,3 +68,57 @@ def test_trainer_keeps_cells_no_training_camera_sees_empty(tmp_path):
     loaded.load_state(tensors, state_meta)
     assert torch.equal(loaded.grid.density, grid.density)
     assert loaded.unseen_fraction == trainer.unseen_fraction
+
+
+def _frames(sizes: dict[str, list[tuple[int, int]]]) -> dict:
+    return {
+        "frames": [{"w": w, "h": h, "split": split} for split, whs in sizes.items() for w, h in whs]
+    }
+
+
+def test_the_default_table_grows_with_the_training_pixels_up_to_instant_ngps():
+    from worker.nerf.trainer import table_log2
+
+    quality_bar = _frames({"train": [(100, 100)] * 60, "test": [(100, 100)] * 10})
+    assert table_log2({"log2_hashmap_size": None}, quality_bar) == 17  # 6e5 pixels
+    # held-out views train nothing: they do not count
+    more_tests = _frames({"train": [(100, 100)] * 60, "test": [(100, 100)] * 500})
+    assert table_log2({}, more_tests) == 17
+    assert table_log2({}, _frames({"train": [(100, 100)] * 240})) == 19  # 2.4e6 = 2^21.2
+    # a Blender scene at full size, and five phone photos at the 800-px training size
+    assert table_log2({}, _frames({"train": [(800, 800)] * 100})) == 19
+    assert table_log2({}, _frames({"train": [(800, 600)] * 5})) == 19
+    assert table_log2({}, _frames({"train": [(40, 30)] * 8})) == 14
+    # a size the job asked for is kept, larger or smaller than the default
+    assert table_log2({"log2_hashmap_size": 22}, quality_bar) == 22
+    assert table_log2({"log2_hashmap_size": 14}, _frames({"train": [(800, 800)] * 100})) == 14
+
+
+def test_a_default_table_size_travels_with_the_checkpoint_to_the_renderer(tmp_path):
+    """The resolved size is in the checkpoint's meta, so a render worker builds the same table
+    without the dataset (the job's config still says None)."""
+    from worker.checkpoints import CheckpointManager
+    from worker.jobs.nerf import NerfModel
+
+    rng = np.random.default_rng(0)
+    frames = [
+        SceneFrame(rng.integers(0, 255, (64, 96, 3), dtype=np.uint8), c2w, 90.0, 90.0, 48.0, 32.0)
+        for c2w in ring(40)
+    ]
+    scene = tmp_path / "dataset"
+    write_scene(scene, frames, source_format="test")
+    meta = read_meta(scene)
+    cfg = NerfConfig(**{**CONFIG, "log2_hashmap_size": None, "n_levels": 8}).model_dump(mode="json")
+    trainer = NerfTrainer(cfg, meta, "cpu", Dataset(scene, "train", meta))
+    # 40 x 96 x 64 = 245760 pixels: floor(log2) 17, two below
+    assert trainer.field.encoding.log2_hashmap_size == 15
+    for _ in range(2):
+        trainer.train_step()
+    tensors, state_meta = trainer.state()
+    assert state_meta["config"]["log2_hashmap_size"] is None
+    assert state_meta["log2_hashmap_size"] == 15
+    manager = CheckpointManager(tmp_path / "checkpoints")
+    manager.save(trainer.step, tensors, state_meta)
+    model = NerfModel(manager.load_latest(), torch.device("cpu"))
+    assert model.field.encoding.params.shape == trainer.field.encoding.params.shape
+    assert torch.equal(model.field.encoding.params, trainer.field.encoding.params)

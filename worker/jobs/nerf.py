@@ -46,10 +46,11 @@ class NerfModel(SceneModel):
     def __init__(self, checkpoint, device):
         super().__init__(checkpoint, device)
         meta = checkpoint.meta
-        # The cone angle the run resolved from its scene box (instant-ngp's default).
+        # The cone angle and table size the run resolved from its scene (box, training pixels).
         self.config = {
             **self.config,
             "cone_angle": meta.get("cone_angle", cone_angle(self.config, meta["aabb_half"])),
+            "log2_hashmap_size": meta.get("log2_hashmap_size", self.config["log2_hashmap_size"]),
         }
         self.cone_angle = self.config["cone_angle"]
         self.field = NerfField(self.config, meta["aabb_half"]).eval()

@@ -13,18 +13,6 @@ from kernels import HashGrid, nerf_mlp, sh_encode, trunc_exp
 DENSITY_SHIFT = 1.0
 
 
-def bf16_mlps_available() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices natively (AVX512-BF16 or AMX). oneDNN also
-    "supports" bfloat16 on plain AVX-512 by converting, which is slower than float32 for these
-    64-wide layers (Ice Lake: 146 ms against 107 ms for the forward + backward of 65k samples)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def _mlp(n_in: int, hidden: int, n_hidden_layers: int, n_out: int) -> nn.Sequential:
     layers: list[nn.Module] = []
     width = n_in
@@ -67,13 +55,10 @@ class NerfField(nn.Module):
         self.color_net = _mlp(
             self.sh_degree**2 + self.geo_features, config["color_hidden"], config["color_layers"], 3
         )
-        # instant-ngp runs its MLPs in half precision; on CPUs with bfloat16 matrix products the
-        # narrow (64-wide) layers are ~2.5x faster in bfloat16 (fp32 accumulation, fp32 weights
-        # and optimiser). The hash grid, densities and compositing stay float32.
-        precision = config.get("mlp_precision", "float32")
-        self.bf16_mlps = self.backend == "ext" and (
-            precision == "bfloat16" or (precision == "auto" and bf16_mlps_available())
-        )
+        # bfloat16 autocast (nn.Linear, fp32 weights and optimiser) only when asked: the fused
+        # float32 op is faster on the CPU even where AMX multiplies bfloat16 natively (a training
+        # step on the quality-bar scene, Sapphire Rapids, 2 threads: 84 ms against 137 ms).
+        self.bf16_mlps = self.backend == "ext" and config.get("mlp_precision") == "bfloat16"
 
     def _unit(self, x: torch.Tensor) -> torch.Tensor:
         return (x + self.aabb_half) / (2.0 * self.aabb_half)
