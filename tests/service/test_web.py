@@ -88,6 +88,14 @@ def test_upload_train_and_view(page, fs_stack, tmp_path):
     page.wait_for_selector(f"#jobs tr[data-id='{job_id}']")
     page.wait_for_selector("#d-status.succeeded", timeout=120_000)
     page.wait_for_selector(f"#jobs tr[data-id='{job_id}'] .badge.succeeded")
+    # The list's refreshes update rows in place: a row rebuilt between a click's press and
+    # release would swallow the click.
+    row = f"document.querySelector(\"#jobs tr[data-id='{job_id}']\")"
+    page.evaluate(f"() => {{ {row}.kept = true; }}")
+    with page.expect_response(lambda r: "/v1/jobs?limit=" in r.url):  # the next refresh
+        pass
+    page.wait_for_timeout(100)
+    assert page.evaluate(f"() => {row}.kept === true")
     assert "step 500 / 500" in page.text_content("#d-progress-text")
     done = fs_stack.client.get(f"/v1/jobs/{job_id}").json()
     assert f"psnr {done['metrics']['psnr']:.2f}" in page.text_content("#d-metrics")

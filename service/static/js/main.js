@@ -94,23 +94,45 @@ function setupUpload() {
 
 let selectedId = null;
 
+// Rows are kept and updated in place: a row rebuilt between a click's press and release (the
+// list refreshes every LIST_EVERY_MS) would swallow the click.
+function jobRow(job) {
+  // Set through the CSSOM: the page's Content-Security-Policy refuses style attributes.
+  const bar = el("span");
+  const state = el("td", {});
+  const tr = el("tr", { "data-id": job.id },
+    el("td", {}, el("code", {}, shortId(job.id))),
+    el("td", {}, job.kind),
+    state,
+    el("td", {}, el("span", { class: "mini" }, bar)),
+    el("td", { class: "muted" }, new Date(job.created_at).toLocaleTimeString()));
+  tr.addEventListener("click", () => select(job.id));
+  tr.view = { bar, state, status: null };
+  return tr;
+}
+
+function updateRow(tr, job) {
+  const v = tr.view;
+  v.bar.style.width = `${Math.round(fraction(job.progress) * 100)}%`;
+  if (v.status !== job.status) {
+    v.state.replaceChildren(badge(job.status));
+    v.status = job.status;
+  }
+  tr.classList.toggle("selected", job.id === selectedId);
+}
+
 async function refreshList() {
   try {
     const list = await api.listJobs();
+    const body = document.querySelector("#jobs tbody");
+    const have = new Map([...body.children].map((tr) => [tr.dataset.id, tr]));
     const rows = list.items.map((job) => {
-      // Set through the CSSOM: the page's Content-Security-Policy refuses style attributes.
-      const bar = el("span");
-      bar.style.width = `${Math.round(fraction(job.progress) * 100)}%`;
-      const tr = el("tr", { "data-id": job.id, class: job.id === selectedId ? "selected" : null },
-        el("td", {}, el("code", {}, shortId(job.id))),
-        el("td", {}, job.kind),
-        el("td", {}, badge(job.status)),
-        el("td", {}, el("span", { class: "mini" }, bar)),
-        el("td", { class: "muted" }, new Date(job.created_at).toLocaleTimeString()));
-      tr.addEventListener("click", () => select(job.id));
+      const tr = have.get(job.id) ?? jobRow(job);
+      updateRow(tr, job);
       return tr;
     });
-    document.querySelector("#jobs tbody").replaceChildren(...rows);
+    const same = rows.length === body.children.length && rows.every((tr, i) => body.children[i] === tr);
+    if (!same) body.replaceChildren(...rows);
     $("jobs-count").textContent = list.total ? `(${list.total})` : "";
     $("jobs-msg").textContent = list.total ? "" : "no jobs yet";
     $("jobs-msg").className = "msg muted";
