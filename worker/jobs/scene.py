@@ -77,6 +77,10 @@ class SceneJob:
     def make_trainer(self, ctx, meta: dict[str, Any], data: Dataset):
         raise NotImplementedError
 
+    def dataset(self, ctx, split: str, meta: dict[str, Any]) -> Dataset:
+        """The frames of one split as this kind trains on and scores them."""
+        return Dataset(ctx.paths.dataset, split, meta)
+
     def render_test_view(self, trainer, data: Dataset, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Frame i of `data` on the evaluation background: rgb (H, W, 3) and world depth (H, W)."""
         raise NotImplementedError
@@ -127,8 +131,8 @@ class SceneJob:
     def train(self, ctx) -> dict[str, Any]:
         config = ctx.config
         meta = read_meta(ctx.paths.dataset)
-        trainer = self.make_trainer(ctx, meta, Dataset(ctx.paths.dataset, "train", meta))
-        test = Dataset(ctx.paths.dataset, "test", meta)
+        trainer = self.make_trainer(ctx, meta, self.dataset(ctx, "train", meta))
+        test = self.dataset(ctx, "test", meta)
         self.resume(ctx, trainer)
         steps = config["steps"]
         # Wall time from the start of training (worker/budget.py): curve points, checkpoints and

@@ -13,6 +13,7 @@ from worker.jobs.scene import SceneJob, SceneModel
 from worker.scene.cameras import RenderCamera, world_distance
 from worker.scene.dataset import Dataset
 from worker.scene.evaluate import evaluate as evaluate_views
+from worker.scene.pinhole import to_pinhole
 from worker.splat import model as gm
 from worker.splat.ply import ply_bytes
 from worker.splat.trainer import SplatTrainer, to_numpy
@@ -30,6 +31,11 @@ class SplatModel(SceneModel):
 class SplatJob(SceneJob):
     kind = "splat"
     model_class = SplatModel
+
+    def dataset(self, ctx, split, meta):
+        # The rasteriser projects pinhole cameras: photos through a distorting lens (posed
+        # uploads; SfM captures come undistorted already) are resampled to pinhole ones.
+        return to_pinhole(super().dataset(ctx, split, meta))
 
     def make_trainer(self, ctx, meta, data):
         return SplatTrainer(ctx.config, meta, ctx.device, data, ctx.paths.dataset)

@@ -135,13 +135,9 @@ class Dataset:
         )
         fisheye = torch.tensor([f.fisheye for f in self.frames])
         self.fisheye = fisheye if bool(fisheye.any()) else None
-        # Masked pixels are never drawn by `sample` (nerfstudio's mask_path, ngp's dynamic masks).
-        self.keep = (
-            torch.from_numpy(np.concatenate([self._mask(f).reshape(-1) for f in self.frames]))
-            if any(f.mask for f in self.frames)
-            else None
+        self.set_masks(
+            [torch.from_numpy(self._mask(f).reshape(-1)) if f.mask else None for f in self.frames]
         )
-        self.keep_share = 1.0 if self.keep is None else float(self.keep.float().mean())
 
     def __len__(self) -> int:
         return len(self.frames)
@@ -172,6 +168,23 @@ class Dataset:
         rgba = self.pixels[idx].float() / 255.0
         return o, d, rgba
 
+    def set_masks(self, masks: list[torch.Tensor | None]) -> None:
+        """Per frame, (h * w,) bool of the pixels that train, or None for all of them. Masked
+        pixels are never drawn by `sample` (nerfstudio's mask_path, ngp's dynamic masks) and do
+        not count in held-out scores."""
+        self._masked = [m is not None for m in masks]
+        self.keep = (
+            torch.cat(
+                [
+                    torch.ones(f.w * f.h, dtype=torch.bool) if m is None else m.to(torch.bool)
+                    for f, m in zip(self.frames, masks)
+                ]
+            )
+            if any(self._masked)
+            else None
+        )
+        self.keep_share = 1.0 if self.keep is None else float(self.keep.float().mean())
+
     def _mask(self, f: Frame) -> np.ndarray:
         """(H, W) bool: the pixels of frame f that train."""
         if not f.mask:
@@ -186,7 +199,7 @@ class Dataset:
 
     def frame_mask(self, i: int) -> torch.Tensor | None:
         """(H, W) bool of frame i's training pixels, None when all train."""
-        if self.keep is None or not self.frames[i].mask:
+        if self.keep is None or not self._masked[i]:
             return None
         f = self.frames[i]
         return self.keep[self.starts[i] : self.starts[i + 1]].reshape(f.h, f.w)

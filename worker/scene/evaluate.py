@@ -1,6 +1,8 @@
 """Test-split evaluation shared by the scene kinds: per-view PSNR and SSIM (LPIPS where its
 weights are present) of renders against the held-out photos, composited on the evaluation
-background. The kind supplies only `render_view(i) -> (rgb, depth)`."""
+background. Masked pixels (the upload's masks, or pixels a resampled view has no photo for) do
+not count in PSNR and SSIM; LPIPS sees whole images. The kind supplies only
+`render_view(i) -> (rgb, depth)`."""
 
 from __future__ import annotations
 
@@ -58,7 +60,9 @@ def evaluate(
     for i in range(n):
         pred, depth = render_view(i)
         gt = ground_truth(data, i, background)
-        view = {"psnr": psnr(pred, gt), "ssim": ssim(pred, gt)}
+        mask = data.frame_mask(i)
+        mask = None if mask is None else mask.numpy()
+        view = {"psnr": psnr(pred, gt, mask), "ssim": ssim(pred, gt, mask)}
         if lpips is not None:
             view["lpips"] = lpips(pred, gt)
         for k, v in view.items():
@@ -79,5 +83,6 @@ def background_psnr(data: Dataset, background: torch.Tensor) -> float:
     vals = []
     for i in range(len(data)):
         gt = ground_truth(data, i, background)
-        vals.append(psnr(np.broadcast_to(bg, gt.shape), gt))
+        mask = data.frame_mask(i)
+        vals.append(psnr(np.broadcast_to(bg, gt.shape), gt, None if mask is None else mask.numpy()))
     return float(np.mean(vals))

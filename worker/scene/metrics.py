@@ -24,13 +24,26 @@ def psnr_from_mse(mse: float) -> float:
     return -10.0 * math.log10(max(float(mse), MSE_FLOOR))
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    return psnr_from_mse(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+SSIM_WIN = 7  # scikit-image's default window
 
 
-def ssim(a: np.ndarray, b: np.ndarray) -> float:
-    """Mean SSIM (scikit-image: 7x7 uniform window, the defaults of its reference)."""
-    return float(structural_similarity(a, b, channel_axis=2, data_range=1.0))
+def psnr(a: np.ndarray, b: np.ndarray, mask: np.ndarray | None = None) -> float:
+    """PSNR of (H, W, 3) images over all pixels, or over those where `mask` (H, W) is set."""
+    sq = (a.astype(np.float64) - b.astype(np.float64)) ** 2
+    return psnr_from_mse(np.mean(sq if mask is None else sq[mask]))
+
+
+def ssim(a: np.ndarray, b: np.ndarray, mask: np.ndarray | None = None) -> float:
+    """Mean SSIM (scikit-image: 7x7 uniform window, the defaults of its reference), over the
+    pixels where `mask` (H, W) is set when given (of the map scikit-image averages, which leaves
+    out a half window at the border)."""
+    if mask is None:
+        return float(structural_similarity(a, b, channel_axis=2, data_range=1.0))
+    _, full = structural_similarity(a, b, channel_axis=2, data_range=1.0, full=True)
+    pad = (SSIM_WIN - 1) // 2
+    inner = (slice(pad, -pad), slice(pad, -pad))
+    m = mask[inner]
+    return float(full[inner][m].mean()) if m.any() else float("nan")
 
 
 class Lpips:
