@@ -166,3 +166,24 @@ def test_ply_layout_and_world_units():
     np.testing.assert_allclose(cols["scale_0"], p["scales"][:, 0].numpy() - np.log(0.5), rtol=1e-5)
     p["sh_rest"][:, 2, 1] = 7.0  # coefficient 3 of green -> f_rest_{15 + 2}
     assert (read_ply(ply_bytes(p))["f_rest_17"] == 7.0).all()
+
+
+def test_depth_is_the_distance_along_each_pixels_ray():
+    """A wall of opaque splats 2 units in front of a 90-degree camera: the depth of a pixel is
+    2 / cos(its ray's angle to the view axis), as kind=nerf reports it, not 2 everywhere."""
+    from worker.scene.cameras import RenderCamera
+
+    g = torch.linspace(-3, 3, 121)
+    xy = torch.stack(torch.meshgrid(g, g, indexing="ij"), -1).reshape(-1, 2)
+    points = torch.cat([xy, torch.full((len(xy), 1), -2.0)], 1)  # the camera looks down -z
+    p = gm.init_tensors(points, torch.full((len(xy), 3), 0.5), 0, opacity=0.99)
+    W = H = 32
+    cam = RenderCamera(torch.eye(4), W / 2, H / 2, W / 2, H / 2, W, H)  # 90 degrees across
+    out = gm.render(p, cam, torch.ones(3), 0)
+    depth = gm.render_depth(p, cam, out)
+    assert bool((out.alpha > 0.99).all())
+    i = torch.arange(W) + 0.5
+    x, y = (i[None, :] - W / 2) / (W / 2), (i[:, None] - H / 2) / (H / 2)
+    want = 2.0 * torch.sqrt(1 + x**2 + y**2)
+    torch.testing.assert_close(depth, want, rtol=2e-3, atol=0)
+    assert float(depth[0, 0]) > 3.3  # a corner ray: ~2 * sqrt(3)

@@ -123,7 +123,9 @@ def render(
 def render_depth(
     p: dict[str, torch.Tensor], cam: RenderCamera, out: RenderOut, method: str = "tiled"
 ) -> torch.Tensor:
-    """Expected depth along the view axis (alpha-weighted, divided by alpha; 0 where empty)."""
+    """Expected distance of the visible surface along each pixel's unit ray, as kind=nerf's depth
+    (alpha-weighted view-axis depth divided by alpha, times the length of the pixel centre's ray
+    per unit of view axis); 0 where empty."""
     z = out.depths.detach()[:, None].expand(-1, 3).contiguous()
     acc, _ = splat.rasterize(
         out.means2d.detach(),
@@ -136,4 +138,7 @@ def render_depth(
         method=method,
     )
     a = out.alpha.detach()
-    return torch.where(a > 1e-4, acc[..., 0] / a.clamp(min=1e-4), torch.zeros_like(a))
+    axis = torch.where(a > 1e-4, acc[..., 0] / a.clamp(min=1e-4), torch.zeros_like(a))
+    x = (torch.arange(cam.width, device=a.device) + 0.5 - cam.cx) / cam.fx
+    y = (torch.arange(cam.height, device=a.device) + 0.5 - cam.cy) / cam.fy
+    return axis * torch.sqrt(1 + x[None, :] ** 2 + y[:, None] ** 2)
