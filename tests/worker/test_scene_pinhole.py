@@ -155,3 +155,16 @@ def test_held_out_scores_leave_masked_pixels_out(tmp_path):
     # SSIM's windows reach a few rows into the masked band: near 1, not 1.
     assert masked["test_psnr"] == 100.0 and masked["test_ssim"] > 0.95, masked
     assert whole["test_psnr"] < 20 and whole["test_ssim"] < masked["test_ssim"] - 0.1, whole
+
+
+def test_a_view_whose_mask_keeps_nothing_has_no_score(tmp_path):
+    # Uploads cannot mask out a whole photo (intake refuses it); masks set on a loaded dataset
+    # (resampled views) could.
+    scene(tmp_path)
+    test = Dataset(tmp_path, "test")
+    test.set_masks([torch.zeros(H * W, dtype=torch.bool)])
+    truth = test.frame_rgba(0)[..., :3].numpy()
+    views = []
+    metrics, _ = evaluate(lambda _: (truth, None), test, torch.ones(3), on_view=views.append)
+    assert "test_psnr" not in metrics and metrics["n_test"] == 1
+    assert views[0].scores == {}

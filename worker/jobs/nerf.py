@@ -158,7 +158,9 @@ class NerfJob(SceneJob):
                 "test_psnr": round(metrics["test_psnr"], 3),
             }
         )
-        metrics["background_psnr"] = round(background_psnr(test, trainer.eval_background), 3)
+        floor = background_psnr(test, trainer.eval_background)
+        if floor is not None:
+            metrics["background_psnr"] = round(floor, 3)
         metrics["curve"] = trainer.curve
         return []
 

@@ -6,6 +6,7 @@ not count in PSNR and SSIM; LPIPS sees whole images. The kind supplies only
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -62,9 +63,12 @@ def evaluate(
         gt = ground_truth(data, i, background)
         mask = data.frame_mask(i)
         mask = None if mask is None else mask.numpy()
-        view = {"psnr": psnr(pred, gt, mask), "ssim": ssim(pred, gt, mask)}
-        if lpips is not None:
-            view["lpips"] = lpips(pred, gt)
+        view = {}
+        if mask is None or mask.any():  # a view whose mask keeps nothing has no score
+            view = {"psnr": psnr(pred, gt, mask), "ssim": ssim(pred, gt, mask)}
+            if lpips is not None:
+                view["lpips"] = lpips(pred, gt)
+            view = {k: v for k, v in view.items() if math.isfinite(v)}
         for k, v in view.items():
             scores.setdefault(k, []).append(v)
         if i < keep:
@@ -77,12 +81,15 @@ def evaluate(
     return metrics, kept
 
 
-def background_psnr(data: Dataset, background: torch.Tensor) -> float:
-    """PSNR of an image that is only the background: the floor any trained scene must beat."""
+def background_psnr(data: Dataset, background: torch.Tensor) -> float | None:
+    """PSNR of an image that is only the background: the floor any trained scene must beat
+    (None when masks keep no pixel of any view)."""
     bg = background.cpu().numpy()
     vals = []
     for i in range(len(data)):
-        gt = ground_truth(data, i, background)
         mask = data.frame_mask(i)
-        vals.append(psnr(np.broadcast_to(bg, gt.shape), gt, None if mask is None else mask.numpy()))
-    return float(np.mean(vals))
+        mask = None if mask is None else mask.numpy()
+        if mask is None or mask.any():
+            gt = ground_truth(data, i, background)
+            vals.append(psnr(np.broadcast_to(bg, gt.shape), gt, mask))
+    return float(np.mean(vals)) if vals else None
