@@ -19,20 +19,13 @@ from PIL import Image
 from experiments.synthetic_scene import default_scene, sphere_poses, trace
 from experiments.synthetic_scene import render as gt_render
 from tests.support.scenes import decode, on_white, psnr, train_scene
+from tests.worker.test_splat_job import CONFIG as SPLAT_CONFIG
 from worker.scene.cameras import rays_from_pixels
 
 SIZE, N, FOV_X_DEG, DISTANCE = 48, 28, 70.0, 2.0
 LENS = {"k1": -0.4, "k2": 0.12, "p1": 0.002, "p2": -0.001}
 FOCAL = 0.5 * SIZE / math.tan(math.radians(FOV_X_DEG) / 2)
-CONFIG = {
-    "steps": 400,
-    "n_init_points": 2000,
-    "densify_from": 100,
-    "densify_every": 100,
-    "sh_increase_every": 100,
-    "checkpoint_every": 400,
-    "n_test_renders": 1,
-}
+CONFIG = {**SPLAT_CONFIG, "checkpoint_every": 400, "n_test_renders": 1}
 
 
 def _photo(c2w: np.ndarray) -> bytes:
