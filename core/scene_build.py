@@ -21,6 +21,7 @@ from typing import Literal
 import numpy as np
 from PIL import Image
 
+from core.photos import FORMAT_NAMES, JPEG_QUALITY, LOSSY
 from core.scene_format import (
     CAMERAS_FILE,
     DISTORTION_KEYS,
@@ -42,16 +43,17 @@ from core.scene_normalize import (
     world_up,
 )
 
+# Formats stored as uploaded when no resize is needed; others (HEIF, AVIF) get a JPEG or PNG copy
+# that browsers and every reader of the dataset can open.
 SUFFIX = {"PNG": ".png", "JPEG": ".jpg", "WEBP": ".webp"}
 ALPHA_MODES = ("LA", "PA", "RGBA", "La", "RGBa")
-JPEG_QUALITY = 95
 
 
 @dataclass
 class SceneFrame:
     """One posed photo on its way into the normal form.
 
-    `image`: a PNG/JPEG/WebP file or a uint8 array (H, W), (H, W, 3) or (H, W, 4).
+    `image`: a photo file (core.photos.FORMATS) or a uint8 array (H, W), (H, W, 3) or (H, W, 4).
     `c2w`: 4x4 (or 3x4) camera-to-world in the dataset's world frame; `axes` "opengl" (x right,
     y up, looking down -z: Blender, instant-ngp, nerfstudio) or "opencv" (y down, looking down +z:
     COLMAP's inverted cam_from_world).
@@ -167,7 +169,7 @@ def _place_image(
         (os.replace if move else shutil.copyfile)(f.image, out_dir / rel)
         return rel
     im = _decode(f.image, src, size, f.name)
-    if src.fmt == "JPEG" and im.mode == "RGB":
+    if src.fmt in LOSSY and im.mode == "RGB":
         rel = f"{IMAGES_DIR}/{stem}.jpg"
         im.save(out_dir / rel, quality=JPEG_QUALITY)
     else:
@@ -186,7 +188,7 @@ def _place_mask(f: SceneFrame, src: _Source, size: tuple[int, int], out_dir: Pat
             with _open(f.mask) as im:
                 m = np.asarray(im.convert("L"))
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
-        raise SceneError(f"{what} is unreadable (not a PNG, JPEG or WebP file)") from None
+        raise SceneError(f"{what} is unreadable (not a {FORMAT_NAMES} file)") from None
     if m.shape != (src.h, src.w):
         raise SceneError(
             f"{what} is {m.shape[1]}x{m.shape[0]} but the image is {src.w}x{src.h}; a mask must "

@@ -1,4 +1,5 @@
-"""Image job intake: header-level checks only (the API never decodes the full photo)."""
+"""Image job intake: header-level checks (only WebP, HEIF and AVIF photos are decoded, as nothing
+cheaper says whether their data is whole)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
+from core.photos import DECODE_TO_CHECK, FORMAT_NAMES, SUFFIX
 from service.intake import IntakeError
 from service.intake.scene.images import jpeg_complete
-
-FORMATS = {"PNG": "png", "JPEG": "jpg"}
 
 
 def validate_upload(
@@ -35,9 +35,9 @@ def validate_upload(
             f"(MAX_IMAGE_PIXELS): {exc}",
         ) from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
-        raise IntakeError(415, "not a PNG or JPEG image") from None
-    if fmt not in FORMATS:
-        raise IntakeError(415, f"image format {fmt} is not supported; upload a PNG or JPEG")
+        raise IntakeError(415, f"not a {FORMAT_NAMES} image") from None
+    if fmt not in SUFFIX:
+        raise IntakeError(415, f"image format {fmt} is not supported; upload {FORMAT_NAMES}")
     if w < 1 or h < 1:
         raise IntakeError(422, f"image has no pixels ({w}x{h})")
     if w * h > settings.max_image_pixels:
@@ -50,7 +50,10 @@ def validate_upload(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(src_path) as im:
-                im.verify()  # walks chunks and CRCs without decoding pixels
+                if fmt in DECODE_TO_CHECK:
+                    im.load()
+                else:
+                    im.verify()  # walks chunks and CRCs without decoding pixels
     except Exception:
         raise IntakeError(422, f"the {fmt} file is truncated or corrupt") from None
     if fmt == "JPEG" and not jpeg_complete(src_path):
@@ -58,9 +61,10 @@ def validate_upload(
 
     dataset = Path(job_dir) / "dataset"
     dataset.mkdir(parents=True, exist_ok=True)
-    os.replace(src_path, dataset / f"image.{FORMATS[fmt]}")
+    name = "image" + SUFFIX[fmt]
+    os.replace(src_path, dataset / name)
     return config, {
-        "file": f"image.{FORMATS[fmt]}",
+        "file": name,
         "width": w,
         "height": h,
         "format": fmt,

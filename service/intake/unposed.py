@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from core.photos import FORMAT_NAMES, PHOTO_SUFFIXES, SUFFIX
 from service.intake import IntakeError
 
 CAPTURE_DIR, MANIFEST = "capture", "capture.json"
 VIDEO_SUFFIXES = (".mp4", ".mov", ".m4v", ".webm", ".mkv")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
-SUFFIX = {"PNG": ".png", "JPEG": ".jpg", "WEBP": ".webp"}
 # Fewer views than this rarely reconstruct, and leave too few for training and a test view.
 MIN_IMAGES = 8
 MIN_VIDEO_FRAMES = 8
@@ -57,21 +57,31 @@ def _write_manifest(capture: Path, manifest: dict[str, Any]) -> None:
     (capture / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
+def _other_files(files: list[Path]) -> str:
+    """What an archive without photos holds instead (raw DNG, TIFF...), for the error message."""
+    counts = Counter(p.suffix.lower() or "(no suffix)" for p in files)
+    if not counts:
+        return ""
+    listed = ", ".join(f"{n} {s}" for s, n in counts.most_common(3))
+    more = " and more" if len(counts) > 3 else ""
+    return f". The archive holds {listed} files{more}; photos must be {FORMAT_NAMES}"
+
+
 def accept_images(root: Path, filename: str, job_dir: Path, settings) -> dict[str, Any]:
     """Photos without poses under `root` (an extracted archive) -> `job_dir/capture/images/`."""
     from service.intake.scene.images import inspect_image
 
-    photos = sorted(
+    files = sorted(
         (p for p in root.rglob("*") if p.is_file() and _visible(p, root)),
         key=lambda p: str(p.relative_to(root)),
     )
-    photos = [p for p in photos if p.suffix.lower() in IMAGE_SUFFIXES]
+    photos = [p for p in files if p.suffix.lower() in PHOTO_SUFFIXES]
     if not photos:
         raise IntakeError(
             422,
             "no camera poses and no photos found: upload posed photos (transforms.json, "
             "transforms_train.json or a COLMAP model), a zip of plain photos for structure from "
-            "motion, or a video",
+            f"motion, or a video{_other_files(files)}",
         )
     if len(photos) < MIN_IMAGES:
         raise IntakeError(

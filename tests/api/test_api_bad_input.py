@@ -56,6 +56,12 @@ def gif_bytes() -> bytes:
     return buf.getvalue()
 
 
+def heic_bytes() -> bytes:
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(png_bytes(64, 48))).save(buf, format="HEIF", quality=90)
+    return buf.getvalue()
+
+
 CASES = {
     "not an image": dict(data=b"just some text, certainly not a picture\n" * 10, expect=415),
     "empty file": dict(data=b"", expect=422),
@@ -63,6 +69,9 @@ CASES = {
     "png cut in the header": dict(data=png_bytes(64, 64)[:40], expect=(415, 422)),
     "pixel bomb 30000x30000": dict(data=pixel_bomb(), expect=422, says="MAX_IMAGE_PIXELS"),
     "truncated jpeg": dict(data=jpeg_bytes()[:-200], filename="p.jpg", expect=422),
+    "truncated heic": dict(
+        data=heic_bytes()[:-300], filename="IMG_0001.HEIC", expect=422, says="truncated"
+    ),
     "gif": dict(data=gif_bytes(), filename="p.gif", expect=415),
     "unknown kind": dict(kind="sculpture", expect=422, says="kind"),
     "malformed config json": dict(config="{steps: 10", expect=422, says="JSON"),

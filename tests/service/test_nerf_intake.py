@@ -517,3 +517,40 @@ def test_wrong_json_values_are_4xx_never_a_crash(tmp_path, blender, key):
             run_intake(tmp_path / str(n), zip_bytes(with_json(blender, "train", meta)))
         except IntakeError as exc:
             assert exc.status_code == 422, exc.detail
+
+
+@pytest.mark.parametrize("fmt", ["HEIF", "AVIF"])
+def test_ngp_with_phone_format_photos(tmp_path, blender, fmt):
+    """iPhones save HEIC, some Android phones AVIF: the photos are taken and stored as JPEG
+    copies (browsers and the dataset's readers open those); a cut-off one is refused by name."""
+    files = to_ngp(blender)
+    meta = json.loads(files["transforms.json"])
+    sources = {}
+    for fr in meta["frames"]:
+        rgb = Image.open(io.BytesIO(files.pop(fr["file_path"]))).convert("RGB")
+        buf = io.BytesIO()
+        rgb.save(buf, fmt, quality=95)
+        fr["file_path"] = fr["file_path"].replace(".png", ".heic" if fmt == "HEIF" else ".avif")
+        files[fr["file_path"]] = buf.getvalue()
+        # What the photo holds (a codec's loss on 32x32 renders is not the intake's to judge).
+        decoded = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+        sources[Path(fr["file_path"]).stem] = np.asarray(decoded, dtype=np.float64)
+    files["transforms.json"] = json.dumps(meta).encode()
+    _, summary, cams, job = run_intake(tmp_path, zip_bytes(files))
+    assert summary["n_train"] + summary["n_test"] == N_TRAIN + N_TEST
+    for f in cams["frames"]:
+        assert f["file"].endswith(".jpg"), f
+        with Image.open(job / "dataset" / f["file"]) as im:
+            assert im.format == "JPEG"
+            got = np.asarray(im.convert("RGB"), dtype=np.float64)
+        want = sources[Path(f["source"]).stem]
+        assert 10 * np.log10(255**2 / np.mean((got - want) ** 2)) > 30, f["source"]
+    first = meta["frames"][3]["file_path"]
+    files[first] = files[first][: len(files[first]) * 2 // 3]
+    refused(tmp_path / "cut", zip_bytes(files), 422, Path(first).name)
+
+
+def test_no_photos_names_what_the_archive_holds(tmp_path):
+    raw = {f"DCIM/IMG_{i:04d}.DNG": b"II*\x00raw sensor data" for i in range(12)}
+    detail = refused(tmp_path, zip_bytes({**raw, "notes.txt": b"x"}), 422, "no camera poses")
+    assert "12 .dng" in detail and "1 .txt" in detail and "HEIF" in detail, detail

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageOps
 from torch import nn
 
+import core.photos  # noqa: F401  (registers the HEIF reader: an uploaded photo may be HEIC)
 from worker.jobs import RenderError, pick_device
 from worker.scene.metrics import psnr_from_mse
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from core.photos import COLMAP_FORMATS, save_copy
 from core.scene_format import CAMERAS_FILE, MIN_TRAIN_VIEWS, SceneError
 from worker.sfm.colmap import SfmCancelled
 
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 CAPTURE_DIR, MANIFEST, WORK_DIR = "capture", "capture.json", "sfm"
 TRANSFORMS_ARTIFACT = "transforms.json"
 VIDEO_END_PCT = 15  # share of the stage's progress spent decoding a video
+COPIES_END_PCT = 10  # share spent writing JPEG copies of photos COLMAP cannot read
 UNREGISTERED_LISTED = 20
 # A capture whose SfM took its worker process down this many times (COLMAP aborts on some
 # inputs, the OOM killer on others) fails instead of being redelivered for ever.
@@ -73,6 +75,41 @@ def read_capture(paths) -> Capture:
 def _image_size(path: Path) -> tuple[int, int]:
     with Image.open(path) as im:
         return im.size
+
+
+def colmap_readable(
+    image_dir: Path, files: list[str], out_dir: Path, progress, cancelled
+) -> tuple[Path, list[str]]:
+    """The capture's photos as files COLMAP reads (core.photos.COLMAP_FORMATS): a photo in another
+    format (WebP, HEIF, AVIF) is decoded into a JPEG or PNG copy under `out_dir`, the rest are
+    linked there. Returns the folder and file names to give SfM (`image_dir`, `files` themselves
+    when every photo is readable). HEIF photos come out upright (core.photos), so a phone's portrait
+    shots reconstruct as they look."""
+    formats = []
+    for f in files:
+        with Image.open(image_dir / f) as im:
+            formats.append(im.format)
+    todo = sum(fmt not in COLMAP_FORMATS for fmt in formats)
+    if not todo:
+        return image_dir, files
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out, done = [], 0
+    for f, fmt in zip(files, formats):
+        if cancelled():
+            raise SfmCancelled()
+        src = image_dir / f
+        if fmt in COLMAP_FORMATS:
+            try:
+                os.link(src, out_dir / f)
+            except OSError:  # another file system, or links not allowed
+                shutil.copyfile(src, out_dir / f)
+            out.append(f)
+            continue
+        with Image.open(src) as im:
+            out.append(save_copy(im, fmt, out_dir / Path(f).stem).name)
+        done += 1
+        progress(done, todo)
+    return out_dir, out
 
 
 def nerfstudio_transforms(registered, names: dict[str, str]) -> dict[str, Any]:
@@ -165,6 +202,18 @@ def run(job, paths, settings, progress, cancelled) -> dict[str, Any]:
             cap.files = cap.names = frames.names
             summary["n_video_frames"] = frames.n_video_frames
             start_pct = VIDEO_END_PCT
+        else:
+            image_dir, files = colmap_readable(
+                cap.image_dir,
+                cap.files,
+                work / "photos",
+                lambda k, n: report(COPIES_END_PCT * k / n),
+                cancelled,
+            )
+            if files is not cap.files:
+                summary["photos_converted"] = sum(a != b for a, b in zip(files, cap.files))
+                cap.image_dir, cap.files = image_dir, files
+                start_pct = COPIES_END_PCT
         sizes = {_image_size(cap.image_dir / f) for f in cap.files}
         w, h = max(sizes)
         n = len(cap.files)

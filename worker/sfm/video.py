@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from core.photos import JPEG_QUALITY
+
 SHARPNESS_LONG_SIDE = 480  # sharpness is judged on a copy this size: cheap, and blur still shows
-JPEG_QUALITY = 95
 
 
 class VideoError(ValueError):

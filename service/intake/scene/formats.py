@@ -13,12 +13,14 @@ from typing import Any
 
 import numpy as np
 
+from core.photos import PHOTO_SUFFIXES
 from core.scene_format import DISTORTION_KEYS, FISHEYE, FISHEYE_KEYS, PINHOLE, SceneError
 from core.scene_normalize import check_rigid as _check_rigid
 from service.intake import IntakeError
 from service.intake.scene import colmap
 
-IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".PNG", ".JPG", ".JPEG", ".WEBP")
+# Suffixes tried, in this order, for a pose file's image path written without one (Blender's).
+IMAGE_EXTS = PHOTO_SUFFIXES + tuple(s.upper() for s in PHOTO_SUFFIXES)
 # transforms.json camera_model values (nerfstudio writes COLMAP's names).
 TRANSFORMS_MODELS = ("OPENCV", "PINHOLE", "SIMPLE_PINHOLE", "SIMPLE_RADIAL", FISHEYE)
 ALL_DISTORTION_KEYS = tuple(dict.fromkeys(DISTORTION_KEYS + FISHEYE_KEYS))

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
+from core.photos import DECODE_TO_CHECK, FORMAT_NAMES, FORMATS
 from service.intake import IntakeError
 
-FORMATS = ("PNG", "JPEG", "WEBP")
 MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "CMYK", "YCbCr", "La", "RGBa")
 ALPHA_MODES = ("LA", "PA", "RGBA", "La", "RGBa")
 
@@ -34,7 +34,8 @@ def jpeg_complete(path: Path) -> bool:
 
 
 def inspect_image(path: Path, name: str, max_pixels: int) -> ImageInfo:
-    """Header checks, then container integrity; pixels are decoded only for WebP (no cheap check).
+    """Header checks, then container integrity; pixels are decoded only for WebP, HEIF and AVIF
+    (their headers do not say whether the data behind them is whole).
 
     `max_pixels` (MAX_IMAGE_PIXELS) caps one photo before anything decodes it: a decompression
     bomb is refused from its header.
@@ -46,10 +47,10 @@ def inspect_image(path: Path, name: str, max_pixels: int) -> ImageInfo:
                 fmt, (w, h), mode, info = im.format, im.size, im.mode, dict(im.info)
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError):
         raise IntakeError(
-            422, f"image {name!r} is unreadable (not a PNG, JPEG or WebP file)"
+            422, f"image {name!r} is unreadable (not a {FORMAT_NAMES} file)"
         ) from None
     if fmt not in FORMATS:
-        raise IntakeError(422, f"image {name!r} is {fmt}; only PNG, JPEG and WebP are supported")
+        raise IntakeError(422, f"image {name!r} is {fmt}; photos must be {FORMAT_NAMES}")
     if w < 1 or h < 1:
         raise IntakeError(422, f"image {name!r} has no pixels")
     if w * h > max_pixels:
@@ -66,7 +67,7 @@ def inspect_image(path: Path, name: str, max_pixels: int) -> ImageInfo:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(path) as im:
-                if fmt == "WEBP":
+                if fmt in DECODE_TO_CHECK:
                     im.load()
                 else:
                     im.verify()
