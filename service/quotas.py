@@ -2,7 +2,8 @@
 
 Checked when a job is submitted, before its upload is read: queued + running jobs
 (QUOTA_ACTIVE_JOBS), submissions in the last hour (QUOTA_JOBS_PER_HOUR), disk used by the key's
-job folders (QUOTA_STORED_MB). The check and the reservation of the new job folder happen under
+job folders (QUOTA_STORED_MB; the room left also caps the upload that follows, so one upload
+cannot carry a key far past it). The check and the reservation of the new job folder happen under
 one per-key lock, so parallel submissions (from any number of API replicas) cannot both take
 the last slot: the lock and the hourly window live in Redis when REDIS_URL is set, else in an
 flock'ed file under DATA_DIR.
@@ -21,6 +22,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 from api_schemas.jobs import Job, JobStatus
 from core.storage import JobPaths, LocalStorage, atomic_write_json
@@ -28,6 +30,14 @@ from core.store import JobNotFound, JobStore
 from service.auth import OWNER_FILE, ApiKey, record_owner
 
 HOUR = 3600.0
+
+
+class Admission(NamedTuple):
+    job_id: str
+    paths: JobPaths
+    room_bytes: int  # disk left under the key's QUOTA_STORED_MB
+
+
 ACTIVE = {JobStatus.queued, JobStatus.running}
 
 
@@ -170,7 +180,7 @@ class Quotas:
         return sum(_dir_bytes(self.storage.paths(j).root) for j in self.index.job_ids(kid))
 
     # -- admission -----------------------------------------------------------------------------
-    def admit(self, key: ApiKey) -> tuple[str, JobPaths]:
+    def admit(self, key: ApiKey) -> Admission:
         """Check the key's quotas and reserve a job folder (owner recorded, indexed), or raise
         QuotaExceeded naming the setting (503 when Redis, which holds the quota state and the
         job queue, cannot be reached)."""
@@ -183,7 +193,7 @@ class Quotas:
         except redis.RedisError as exc:
             raise QuotaExceeded(503, f"the job queue is unavailable: {exc}") from None
 
-    def _admit(self, key: ApiKey) -> tuple[str, JobPaths]:
+    def _admit(self, key: ApiKey) -> Admission:
         s = self.settings
         with self._locked(key.id):
             active = sum(
@@ -220,7 +230,7 @@ class Quotas:
             record_owner(paths, key)  # before job.json exists: never visible ownerless
             self.index.add(key.id, job_id)
             self._record(key.id, now, window, job_id)
-            return job_id, paths
+            return Admission(job_id, paths, cap - used)
 
     def forget(self, key: ApiKey, job_id: str) -> None:
         self.index.remove(key.id, job_id)

@@ -41,9 +41,13 @@ def boundary_of(request: Request) -> bytes:
 
 
 async def read_form(
-    request: Request, file_path: Callable[[str, str], Path], max_file_bytes: int
+    request: Request,
+    file_path: Callable[[str, str], Path],
+    max_file_bytes: int,
+    limit_name: str = "MAX_UPLOAD_MB",
 ) -> Form:
-    """Parse the body; each file part is written to file_path(field, filename)."""
+    """Parse the body; each file part is written to file_path(field, filename). A file over
+    `max_file_bytes` is a 413 naming `limit_name`, the setting that set it."""
     form = Form()
     state: dict = {"headers": {}, "name": b"", "value": b"", "buf": None, "fh": None, "file": None}
 
@@ -83,7 +87,7 @@ async def read_form(
             state["file"].size += len(chunk)
             if state["file"].size > max_file_bytes:
                 raise IntakeError(
-                    413, f"upload exceeds the limit of {max_file_bytes} bytes (MAX_UPLOAD_MB)"
+                    413, f"upload exceeds the limit of {max_file_bytes} bytes ({limit_name})"
                 )
             state["fh"].write(chunk)
         elif state["buf"] is not None:

@@ -86,3 +86,20 @@ def test_quotas_hold_across_replicas(stack_factory):
         assert bob.get("/v1/jobs", timeout=5).json()["total"] == 1
     finally:
         replica.stop()
+
+
+def test_an_upload_larger_than_the_room_left_is_refused_while_streaming(stack_factory):
+    """The disk quota is checked before the upload is read; the room it leaves then caps the
+    upload itself, so one upload cannot carry a key past QUOTA_STORED_MB."""
+    env = {"API_KEYS": f"carol:{KEY_A}", "QUOTA_STORED_MB": "0.2"}  # 209715 bytes
+    stack = stack_factory(queues=None, env=env)
+    client = httpx.Client(base_url=stack.base_url, headers=auth_headers(KEY_A), timeout=30)
+    big = png_bytes(500, 400)  # ~300 KB: over the quota, far under MAX_UPLOAD_MB (512)
+    assert len(big) > 209_715
+    r = client.post(
+        "/v1/jobs", data={"kind": "image"}, files={"dataset": ("big.png", big, "image/png")}
+    )
+    assert r.status_code == 413 and "QUOTA_STORED_MB" in r.json()["detail"], r.text
+    assert stack.job_dirs() == [] and client.get("/v1/jobs").json()["total"] == 0
+    # An upload that fits is taken.
+    assert _submit(client).status_code == 202

@@ -132,7 +132,10 @@ def _finish_intake(
     summary="Upload a dataset and start training",
     openapi_extra=UPLOAD_BODY,
     responses={
-        413: {"description": "over MAX_UPLOAD_MB, or the key's QUOTA_STORED_MB is used up"},
+        413: {
+            "description": "over MAX_UPLOAD_MB, or over the disk left under the key's "
+            "QUOTA_STORED_MB"
+        },
         429: {
             "description": "QUOTA_ACTIVE_JOBS or QUOTA_JOBS_PER_HOUR reached (Retry-After says when)"
         },
@@ -154,13 +157,16 @@ async def create_job(
         raise HTTPException(exc.status_code, exc.detail) from None
     try:
         # Quotas are checked, and the job folder reserved, before the upload is read.
-        job_id, paths = await run_in_threadpool(request.app.state.quotas.admit, key)
+        job_id, paths, room = await run_in_threadpool(request.app.state.quotas.admit, key)
     except QuotaExceeded as exc:
         raise HTTPException(exc.status_code, exc.detail, headers=exc.headers) from None
+    limit, limit_name = settings.max_upload_bytes, "MAX_UPLOAD_MB"
+    if room < limit:
+        limit, limit_name = room, "the disk left to this API key under QUOTA_STORED_MB"
     try:
         paths.upload.mkdir()
         form = await read_form(
-            request, lambda _field, name: paths.upload / _safe_name(name), settings.max_upload_bytes
+            request, lambda _field, name: paths.upload / _safe_name(name), limit, limit_name
         )
         kind = form.fields.get("kind")
         if not kind:
