@@ -110,8 +110,9 @@ class NerfConfig(TrainingImages):
     mlp_precision: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
         description=(
-            "auto (= float32): the fused float32 MLP op on the CPU, faster there than bfloat16 "
-            "even with AMX; bfloat16: nn.Linear under bfloat16 autocast"
+            "CPU MLPs. auto: bfloat16 products (float32 sums) in the fused op on CPUs with AVX-512 "
+            "BF16, float32 elsewhere; bfloat16: the same, or nn.Linear under bfloat16 autocast "
+            "without AVX-512 BF16; float32: the fused op in float32"
         ),
     )
     sh_degree: int = Field(

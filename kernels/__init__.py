@@ -7,7 +7,7 @@ from ._ext import KernelBuildError, compiled_available
 from .composite import composite, composite_reference, ray_offsets, render_weights_reference
 from .hash_grid import HashGrid, HashGridAdam, hash_grid_reference
 from .marching import PackedSamples, march_rays, march_reference
-from .mlp import mlp_isa, nerf_mlp, nerf_mlp_reference, trunc_exp
+from .mlp import mlp_bf16_supported, mlp_isa, nerf_mlp, nerf_mlp_reference, trunc_exp
 from .occupancy import OccupancyGrid, bitfield_reference, morton3d, morton3d_invert
 from .sh import sh_encode, sh_reference
 from .splat import rasterize, rasterize_reference, tile_bins
@@ -35,6 +35,7 @@ __all__ = [
     "nerf_mlp",
     "nerf_mlp_reference",
     "trunc_exp",
+    "mlp_bf16_supported",
     "mlp_isa",
     "rasterize",
     "rasterize_reference",

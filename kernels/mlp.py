@@ -14,6 +14,8 @@ from .hash_grid import _check_backend
 Layers = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
 _ISA_NAMES = {512: "avx512", 256: "avx2", 0: "portable"}
+ISA_BF16 = 1024  # the compiled op's bfloat16-product instruction set (AVX-512 BF16)
+PRECISIONS = ("float32", "bfloat16")
 
 
 class _TruncExp(torch.autograd.Function):
@@ -102,8 +104,8 @@ def _flat(layers: Layers) -> list[torch.Tensor]:
 
 
 def _nerf_mlp_ext(enc, density, sh, color, density_shift, block=0, isa=-1):
-    # block (rows per block, 0: automatic) and isa (0, 256, 512; -1: the best the CPU has) are for
-    # the tests and benchmarks.
+    # block (rows per block, 0: automatic) and isa (0, 256, 512, 1024 for bfloat16 products; -1:
+    # the best float32 one the CPU has) are for the tests and benchmarks.
     if enc.device.type != "cpu":
         raise ValueError(
             f"nerf_mlp: the compiled op runs on the CPU only, got {enc.device} "
@@ -132,6 +134,7 @@ def nerf_mlp(
     *,
     density_shift: float = 1.0,
     backend: str = "ext",
+    precision: str = "float32",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The NeRF field's MLPs: h = density(enc), sigma = trunc_exp(h[:, 0] - density_shift),
     rgb = sigmoid(color([sh, h[:, 1:]])). Every layer but a network's last is Linear + ReLU.
@@ -149,6 +152,10 @@ def nerf_mlp(
         color: the colour network's pairs, from S + G inputs to 3 outputs; needed with sh.
         density_shift: subtracted from h[:, 0] before trunc_exp.
         backend: "ext" (compiled, CPU float32 only) or "reference" (pure torch).
+        precision: "float32", or "bfloat16": the compiled op multiplies operands rounded to
+            bfloat16 and sums the products in float32 (inputs, outputs, gradients and the weights
+            stay float32), twice the multiply-adds per instruction of float32 on CPUs with AVX-512
+            BF16 (`mlp_bf16_supported()`; elsewhere a ValueError). The reference ignores it.
 
     Returns:
         sigma (N,), and rgb (N, 3) in (0, 1) or None when sh is None.
@@ -162,9 +169,20 @@ def nerf_mlp(
         raise ValueError("nerf_mlp: pass sh and color together (or neither, for sigma alone)")
     if not density:
         raise ValueError("nerf_mlp: the density network needs at least one layer")
+    if precision not in PRECISIONS:
+        raise ValueError(f"nerf_mlp: precision must be one of {PRECISIONS}, got {precision!r}")
     if backend == "reference":
         return nerf_mlp_reference(enc, density, sh, color, density_shift=density_shift)
+    if precision == "bfloat16":
+        if not mlp_bf16_supported():
+            raise ValueError("nerf_mlp: bfloat16 products need a CPU with AVX-512 BF16")
+        return _nerf_mlp_ext(enc, density, sh, color, density_shift, isa=ISA_BF16)
     return _nerf_mlp_ext(enc, density, sh, color, density_shift)
+
+
+def mlp_bf16_supported() -> bool:
+    """Whether this CPU runs nerf_mlp's bfloat16 products (AVX-512 BF16). Builds the extension."""
+    return bool(_ext.load_cpu().mlp_bf16_supported())
 
 
 def mlp_isa() -> str:

@@ -326,8 +326,10 @@ std::vector<at::Tensor> march_rays(at::Tensor rays_o, at::Tensor rays_d, at::Ten
 
 int mlp_isa_for(int64_t isa) {
     if (isa < 0) return kn_mlp::best_isa();
-    TORCH_CHECK_VALUE(isa == kn_mlp::ISA_PORTABLE || isa == kn_mlp::ISA_AVX2 || isa == kn_mlp::ISA_AVX512,
-                      "nerf_mlp: isa must be -1 (best), 0, 256 or 512, got ", isa);
+    TORCH_CHECK_VALUE(isa == kn_mlp::ISA_PORTABLE || isa == kn_mlp::ISA_AVX2 || isa == kn_mlp::ISA_AVX512 ||
+                          isa == kn_mlp::ISA_AVX512_BF16,
+                      "nerf_mlp: isa must be -1 (best float32), 0, 256, 512 or 1024 (bfloat16 products), got ",
+                      isa);
     TORCH_CHECK_VALUE(kn_mlp::isa_supported((int)isa), "nerf_mlp: this CPU cannot run isa ", isa);
     return (int)isa;
 }
@@ -441,4 +443,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("nerf_mlp_forward", &nerf_mlp_forward);
     m.def("nerf_mlp_backward", &nerf_mlp_backward);
     m.def("mlp_isa", []() { return (int64_t)kn_mlp::best_isa(); });
+    m.def("mlp_bf16_supported", []() { return kn_mlp::isa_supported(kn_mlp::ISA_AVX512_BF16); });
 }

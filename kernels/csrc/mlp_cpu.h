@@ -17,7 +17,8 @@
 // are summed in group order at the end, so the gradients have the same bits for any thread count.
 //
 // The products are register-tiled loops (mlp_cpu_isa.h) built for AVX-512, AVX2 + FMA and plain
-// C++, picked at run time from what the CPU has.
+// C++, picked at run time from what the CPU has; with AVX-512 BF16, products of bfloat16-rounded
+// operands (mlp_cpu_bf16.h) when asked for.
 #pragma once
 
 #include <omp.h>
@@ -74,6 +75,11 @@ struct GemmArgs {
 #pragma GCC pop_options
 
 #pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
+#include "mlp_cpu_bf16.h"
+#pragma GCC pop_options
+
+#pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #define KN_MLP_ISA 256
 #define KN_MLP_NS kn_mlp_avx2
@@ -91,14 +97,19 @@ struct GemmArgs {
 
 namespace kn_mlp {
 
-// Instruction sets, by the register width they use.
-constexpr int ISA_PORTABLE = 0, ISA_AVX2 = 256, ISA_AVX512 = 512;
+// Instruction sets, by the register width they use. ISA_AVX512_BF16 multiplies in bfloat16
+// (mlp_cpu_bf16.h): other numbers, so it is never picked by itself, only asked for.
+constexpr int ISA_PORTABLE = 0, ISA_AVX2 = 256, ISA_AVX512 = 512, ISA_AVX512_BF16 = 1024;
 
 inline bool isa_supported(int isa) {
     if (isa == ISA_PORTABLE) return true;
 #if defined(KN_MLP_X86)
     if (isa == ISA_AVX2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     if (isa == ISA_AVX512) return __builtin_cpu_supports("avx512f");
+    if (isa == ISA_AVX512_BF16)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512bf16");
 #endif
     return false;
 }
@@ -116,6 +127,7 @@ struct Kernels {
 inline Kernels kernels_for(int isa) {
 #if defined(KN_MLP_X86)
     if (isa == ISA_AVX512) return {kn_mlp_avx512::gemm, kn_mlp_avx512::colsum};
+    if (isa == ISA_AVX512_BF16) return {kn_mlp_bf16::gemm_avx512_fallback, kn_mlp_avx512::colsum};
     if (isa == ISA_AVX2) return {kn_mlp_avx2::gemm, kn_mlp_avx2::colsum};
 #endif
     return {kn_mlp_portable::gemm, kn_mlp_portable::colsum};

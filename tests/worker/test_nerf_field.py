@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from api_schemas.nerf import NerfConfig
+from kernels import mlp_bf16_supported
 from worker.nerf import model as nerf_model
 from worker.nerf.model import NerfField
 
@@ -25,13 +26,22 @@ def pair(**kw):
     return ext, ref
 
 
+class _Calls(list):
+    """The fused op's calls: their backends (the list itself) and their precisions."""
+
+    def __init__(self):
+        super().__init__()
+        self.precisions: list[str] = []
+
+
 @pytest.fixture
 def fused_calls(monkeypatch):
-    calls = []
+    calls = _Calls()
     real = nerf_model.nerf_mlp
 
     def spy(*args, **kw):
         calls.append(kw.get("backend", "ext"))
+        calls.precisions.append(kw.get("precision", "float32"))
         return real(*args, **kw)
 
     monkeypatch.setattr(nerf_model, "nerf_mlp", spy)
@@ -112,15 +122,26 @@ def test_other_layer_counts_and_widths(fused_calls):
     assert fused_calls == ["ext"]
 
 
-def test_bfloat16_mlps_keep_nn_linear(fused_calls, monkeypatch):
-    ext, _ = pair(mlp_precision="bfloat16")
-    assert ext.bf16_mlps
+@pytest.mark.parametrize("precision", ["auto", "bfloat16"])
+def test_bfloat16_mlps(fused_calls, precision):
+    ext, ref = pair(mlp_precision=precision)
+    native = mlp_bf16_supported()
     x, d = points(64)
     sigma, rgb = ext(x, d)
     assert sigma.shape == (64,) and rgb.shape == (64, 3)
-    assert fused_calls == []
-    ext.density_float32(x)  # the occupancy grid's float32 densities use the fused op
-    assert fused_calls == ["ext"]
+    if native:
+        # The fused op's own bfloat16 products: close to float32, not equal to it.
+        assert not ext.bf16_mlps and fused_calls.precisions == ["bfloat16"]
+        s_ref, c_ref = ref(x, d)
+        assert not torch.equal(sigma, s_ref)
+        torch.testing.assert_close(rgb, c_ref, rtol=0.02, atol=0.02)
+    elif precision == "auto":
+        assert not ext.bf16_mlps and fused_calls.precisions == ["float32"]
+    else:
+        assert ext.bf16_mlps and fused_calls == []  # nn.Linear under autocast
+    fused_calls.precisions.clear()
+    ext.density_float32(x)  # the occupancy grid's densities are float32 whatever the precision
+    assert fused_calls.precisions == ["float32"]
 
 
 def test_float64_field_keeps_nn_linear(fused_calls):

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels import HashGrid, nerf_mlp, sh_encode, trunc_exp
+from kernels import HashGrid, mlp_bf16_supported, nerf_mlp, sh_encode, trunc_exp
 
 DENSITY_SHIFT = 1.0
 
@@ -55,10 +55,17 @@ class NerfField(nn.Module):
         self.color_net = _mlp(
             self.sh_degree**2 + self.geo_features, config["color_hidden"], config["color_layers"], 3
         )
-        # bfloat16 autocast (nn.Linear, fp32 weights and optimiser) only when asked: the fused
-        # float32 op is faster on the CPU even where AMX multiplies bfloat16 natively (a training
-        # step on the quality-bar scene, Sapphire Rapids, 2 threads: 84 ms against 137 ms).
-        self.bf16_mlps = self.backend == "ext" and config.get("mlp_precision") == "bfloat16"
+        # Where the CPU has AVX-512 BF16 the fused op multiplies in bfloat16 itself, 1.5x its
+        # float32 speed at the same test PSNR (docs/nerf.md): the default there. `bfloat16` on
+        # other CPUs runs nn.Linear under bfloat16 autocast, slower than the fused float32 op (a
+        # training step on the quality-bar scene, Sapphire Rapids with AMX, 2 threads: 137 ms
+        # against 84 ms), so `auto` is float32 there.
+        precision = config.get("mlp_precision") or "auto"
+        native = self.backend == "ext" and mlp_bf16_supported()
+        self.fused_precision = (
+            "bfloat16" if native and precision in ("auto", "bfloat16") else "float32"
+        )
+        self.bf16_mlps = self.backend == "ext" and precision == "bfloat16" and not native
 
     def _unit(self, x: torch.Tensor) -> torch.Tensor:
         return (x + self.aabb_half) / (2.0 * self.aabb_half)
@@ -97,16 +104,22 @@ class NerfField(nn.Module):
         """sigma (N,) with the MLP in float32 whatever the precision. The occupancy grid needs
         it: a fresh field's densities differ by less than a bfloat16 step, so rounded they are
         all equal, none exceeds their mean (the grid's threshold) and every cell would be culled."""
-        saved, self.bf16_mlps = self.bf16_mlps, False
+        saved = self.bf16_mlps, self.fused_precision
+        self.bf16_mlps, self.fused_precision = False, "float32"
         try:
             return self.density(x)
         finally:
-            self.bf16_mlps = saved
+            self.bf16_mlps, self.fused_precision = saved
 
     def density_from(self, enc: torch.Tensor) -> torch.Tensor:
         """sigma (N,) from features `encode` returned."""
         if self._fused(enc):
-            return nerf_mlp(enc, _layers(self.density_net), density_shift=DENSITY_SHIFT)[0]
+            return nerf_mlp(
+                enc,
+                _layers(self.density_net),
+                density_shift=DENSITY_SHIFT,
+                precision=self.fused_precision,
+            )[0]
         return self._geometry(enc)[0]
 
     def forward(
@@ -129,6 +142,7 @@ class NerfField(nn.Module):
                 sh,
                 _layers(self.color_net),
                 density_shift=DENSITY_SHIFT,
+                precision=self.fused_precision,
             )
             return sigma, rgb
         sigma, geo = self._geometry(enc)
