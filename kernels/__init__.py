@@ -9,6 +9,7 @@ from .hash_grid import HashGrid, HashGridAdam, hash_grid_reference
 from .marching import PackedSamples, march_rays, march_reference
 from .mlp import mlp_bf16_supported, mlp_isa, nerf_mlp, nerf_mlp_reference, trunc_exp
 from .occupancy import OccupancyGrid, bitfield_reference, morton3d, morton3d_invert
+from .rounds import cull_round, cull_round_reference, move_rows
 from .sh import sh_encode, sh_reference
 from .splat import rasterize, rasterize_reference, tile_bins
 from .splat_project import covariance_3d, project_gaussians
@@ -32,6 +33,9 @@ __all__ = [
     "march_rays",
     "march_reference",
     "PackedSamples",
+    "cull_round",
+    "cull_round_reference",
+    "move_rows",
     "nerf_mlp",
     "nerf_mlp_reference",
     "trunc_exp",

@@ -375,6 +375,41 @@ inline int64_t check_mlp_layers(const std::vector<at::Tensor>& p, int64_t n_in, 
 }
 
 // enc (N, n_in) float32; density net n_in -> 1 + G; with sh (N, S): colour net S + G -> 3.
+// ---- marching rounds (rounds.h) ----------------------------------------------------------------
+
+inline void check_cull_round(const at::Tensor& offsets, const at::Tensor& alive, const at::Tensor& sigma,
+                             const at::Tensor& t0, const at::Tensor& t1, const at::Tensor& tau,
+                             const at::Tensor& near) {
+    const char* op = "cull_round";
+    const auto dev = sigma.device();
+    expect(sigma, op, "sigma", dev, at::kFloat, {-1});
+    const int64_t m = sigma.size(0);
+    expect(t0, op, "t_starts", dev, at::kFloat, {m});
+    expect(t1, op, "t_ends", dev, at::kFloat, {m});
+    expect(alive, op, "alive", dev, at::kLong, {-1});
+    expect(tau, op, "tau", dev, at::kDouble, {-1});
+    expect(near, op, "near", dev, at::kFloat, {tau.size(0)});
+    TORCH_CHECK_VALUE(offsets.numel() == alive.numel() + 1, op, ": offsets must hold len(alive) + 1 entries");
+    check_offsets(offsets, m, op, "offsets", dev);
+    check_range(alive, 0, tau.size(0) - 1, op, "alive");
+}
+
+inline void check_move_rows(const at::Tensor& dst, const at::Tensor& dest, const at::Tensor& src,
+                            const at::Tensor& idx) {
+    const char* op = "move_rows";
+    const auto dev = src.device();
+    TORCH_CHECK_VALUE(src.dim() == 1 || src.dim() == 2, op, ": src must be 1-D or 2-D, got ", shape_str(src));
+    TORCH_CHECK_VALUE(dst.dim() == src.dim() && (src.dim() == 1 || dst.size(1) == src.size(1)), op,
+                      ": dst must have src's row shape, got ", shape_str(dst), " and ", shape_str(src));
+    TORCH_CHECK_VALUE(dst.scalar_type() == src.scalar_type(), op, ": dst and src must share a dtype");
+    TORCH_CHECK_VALUE(dst.device() == dev && dst.is_contiguous() && src.is_contiguous(), op,
+                      ": dst and src must be contiguous, on one device");
+    expect(idx, op, "idx", dev, at::kLong, {-1});
+    expect(dest, op, "dest", dev, at::kLong, {idx.size(0)});
+    check_range(idx, 0, src.size(0) - 1, op, "idx");
+    check_range(dest, 0, dst.size(0) - 1, op, "dest");
+}
+
 inline void check_nerf_mlp(const at::Tensor& enc, const c10::optional<at::Tensor>& sh,
                            const std::vector<at::Tensor>& density, const std::vector<at::Tensor>& color) {
     const char* op = "nerf_mlp";

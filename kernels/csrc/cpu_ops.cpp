@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "binding_checks.h"
@@ -12,6 +13,7 @@
 #include "marching_cpu.h"
 #include "composite.h"
 #include "mlp_cpu.h"
+#include "rounds.h"
 #include "sh.h"
 
 namespace {
@@ -428,6 +430,46 @@ std::vector<at::Tensor> nerf_mlp_backward(at::Tensor enc, c10::optional<at::Tens
 
 }  // namespace
 
+// One marching round's culling: keep (m,) bool per sample, go (A,) bool per live ray (it filled
+// the round and still sees through). tau (n,) float64 and near (n,) float32 are updated in place.
+std::vector<at::Tensor> cull_round(at::Tensor offsets, at::Tensor alive, at::Tensor sigma, at::Tensor t0,
+                                   at::Tensor t1, at::Tensor tau, at::Tensor near, int64_t cap, double tau_max,
+                                   double alpha_min) {
+    for (const at::Tensor* t : {&offsets, &alive, &sigma, &t0, &t1, &tau, &near}) require_cpu(*t, "cull_round");
+    kn_bind::check_cull_round(offsets, alive, sigma, t0, t1, tau, near);
+    const int64_t A = alive.size(0), m = sigma.size(0);
+    auto keep = at::empty({m}, sigma.options().dtype(at::kBool));
+    auto go = at::empty({A}, sigma.options().dtype(at::kBool));
+    const int64_t* off = offsets.data_ptr<int64_t>();
+    const int64_t* al = alive.data_ptr<int64_t>();
+    const float *sg = sigma.data_ptr<float>(), *a0 = t0.data_ptr<float>(), *a1 = t1.data_ptr<float>();
+    double* tp = tau.data_ptr<double>();
+    float* np = near.data_ptr<float>();
+    bool *kp = keep.data_ptr<bool>(), *gp = go.data_ptr<bool>();
+#pragma omp parallel for schedule(static) num_threads(n_threads())
+    for (int64_t a = 0; a < A; ++a) {
+        const int64_t r = al[a], s0 = off[a], s1 = off[a + 1];
+        kn::cull_ray(sg, a0, a1, s0, s1, tau_max, alpha_min, tp + r, kp);
+        if (s1 > s0) np[r] = a1[s1 - 1];
+        gp[a] = s1 - s0 == cap && tp[r] <= tau_max;
+    }
+    return {keep, go};
+}
+
+// dst[dest[j]] = src[idx[j]] (rows), one pass instead of index_select then index_copy_.
+void move_rows(at::Tensor dst, at::Tensor dest, at::Tensor src, at::Tensor idx) {
+    for (const at::Tensor* t : {&dst, &dest, &src, &idx}) require_cpu(*t, "move_rows");
+    kn_bind::check_move_rows(dst, dest, src, idx);
+    const int64_t k = idx.size(0);
+    const int64_t w = src.dim() == 2 ? src.size(1) : 1;
+    const size_t bytes = (size_t)w * src.element_size();
+    const int64_t *dp = dest.data_ptr<int64_t>(), *ip = idx.data_ptr<int64_t>();
+    char* out = (char*)dst.data_ptr();
+    const char* in = (const char*)src.data_ptr();
+#pragma omp parallel for schedule(static) num_threads(k > 4096 ? n_threads() : 1)
+    for (int64_t j = 0; j < k; ++j) std::memcpy(out + dp[j] * bytes, in + ip[j] * bytes, bytes);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("hash_grid_forward", &hash_grid_forward);
     m.def("hash_grid_backward", &hash_grid_backward);
@@ -440,6 +482,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("occ_bitfield", &occ_bitfield);
     m.def("occ_query", &occ_query);
     m.def("march_rays", &march_rays);
+    m.def("cull_round", &cull_round);
+    m.def("move_rows", &move_rows);
     m.def("nerf_mlp_forward", &nerf_mlp_forward);
     m.def("nerf_mlp_backward", &nerf_mlp_backward);
     m.def("mlp_isa", []() { return (int64_t)kn_mlp::best_isa(); });

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import OccupancyGrid, composite, march_rays
+from kernels import OccupancyGrid, composite, cull_round, march_rays, move_rows
 
 EARLY_STOP_T = 1e-4
 SAMPLE_CHUNK = 1 << 18
@@ -117,38 +117,35 @@ def march_visible(
         t_mid = (0.5 * (t0 + t1))[:, None]
         pos = torch.addcmul(rays_o.index_select(0, ri), t_mid, rays_d.index_select(0, ri))
         enc, sigma = _encode_chunked(field, pos)
-        tau = (sigma * (t1 - t0)).double()
-        cs = torch.cumsum(tau, 0)
-        # Segmented exclusive sum within the round, plus what earlier rounds accumulated.
-        before = torch.cat([cs.new_zeros(1), cs])[s.offsets[:-1]].index_select(0, s.ray_indices)
-        excl = cs - tau - before + tau_total.index_select(0, ri)
-        keep = excl <= tau_max
-        if alpha_threshold > 0:
-            keep &= (1.0 - torch.exp(-tau)) >= alpha_threshold
+        keep, go = cull_round(
+            s.offsets,
+            alive,
+            sigma,
+            t0,
+            t1,
+            tau_total,
+            near,
+            cap=cap,
+            tau_max=tau_max,
+            alpha_min=alpha_threshold,
+            backend=field.backend,
+        )
         idx = keep.nonzero().squeeze(1)
         parts.append(
             (ri.index_select(0, idx), t0.index_select(0, idx), t1.index_select(0, idx), enc, idx)
         )
-        tau_total.index_add_(0, ri, tau)
-        last = (s.offsets[1:] - 1).clamp_min(0)
-        near.index_copy_(
-            0,
-            alive,
-            torch.where(s.counts > 0, t1.index_select(0, last), near.index_select(0, alive)),
-        )
         # A ray goes on only if it filled this round (it may have more samples) and still sees
         # through.
-        go = (s.counts == cap) & (tau_total.index_select(0, alive) <= tau_max)
         alive = alive[go]
         used += cap
         k *= 2
     if not parts:
         z = torch.zeros(0, device=dev)
         return torch.zeros(0, dtype=torch.int64, device=dev), z, z, None, marched
-    return (*_pack_rounds(parts, n), marched)
+    return (*_pack_rounds(parts, n, field.backend), marched)
 
 
-def _pack_rounds(parts, n_rays: int):
+def _pack_rounds(parts, n_rays: int, backend: str):
     """The rounds' kept samples in ray order, then t (each ray's rounds follow one another), each
     copied once to where it belongs instead of concatenated and then sorted."""
     if len(parts) == 1:
@@ -172,7 +169,7 @@ def _pack_rounds(parts, n_rays: int):
         ri.index_copy_(0, dest, kri)
         t0.index_copy_(0, dest, kt0)
         t1.index_copy_(0, dest, kt1)
-        enc.index_copy_(0, dest, renc.index_select(0, idx))
+        move_rows(enc, dest, renc, idx, backend=backend)
     return ri, t0, t1, enc
 
 
