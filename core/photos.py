@@ -29,14 +29,21 @@ LOSSY = ("JPEG", "HEIF", "AVIF")
 # Formats whose headers say nothing about the data behind them: only decoding checks them.
 DECODE_TO_CHECK = ("WEBP", "HEIF", "AVIF")
 COLMAP_FORMATS = ("PNG", "JPEG")
+# Pillow modes with an alpha channel (a palette or grey image may instead carry "transparency").
+ALPHA_MODES = ("LA", "PA", "RGBA", "La", "RGBa")
 JPEG_QUALITY = 95
 FORMAT_NAMES = "PNG, JPEG, WebP, HEIF/HEIC or AVIF"
+
+
+def has_alpha(mode: str, info: dict) -> bool:
+    """Whether a photo of this Pillow mode and info has transparent pixels to keep."""
+    return mode in ALPHA_MODES or "transparency" in info
 
 
 def save_copy(im: Image.Image, fmt: str | None, dest_stem: Path) -> Path:
     """Write `im` next to `dest_stem` as JPEG (a lossy source without alpha) or PNG; returns the
     path. EXIF (camera make, focal length) is kept for COLMAP's intrinsics prior."""
-    alpha = im.mode in ("LA", "PA", "RGBA", "La", "RGBa") or "transparency" in im.info
+    alpha = has_alpha(im.mode, im.info)
     exif = im.info.get("exif")
     if fmt in LOSSY and not alpha:
         path = dest_stem.with_suffix(".jpg")

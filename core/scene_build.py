@@ -21,7 +21,7 @@ from typing import Literal
 import numpy as np
 from PIL import Image
 
-from core.photos import FORMAT_NAMES, JPEG_QUALITY, LOSSY
+from core.photos import FORMAT_NAMES, JPEG_QUALITY, LOSSY, has_alpha
 from core.scene_format import (
     CAMERAS_FILE,
     DISTORTION_KEYS,
@@ -46,7 +46,6 @@ from core.scene_normalize import (
 # Formats stored as uploaded when no resize is needed; others (HEIF, AVIF) get a JPEG or PNG copy
 # that browsers and every reader of the dataset can open.
 SUFFIX = {"PNG": ".png", "JPEG": ".jpg", "WEBP": ".webp"}
-ALPHA_MODES = ("LA", "PA", "RGBA", "La", "RGBa")
 
 
 @dataclass
@@ -137,7 +136,7 @@ def _probe(image: Path | np.ndarray, what: str) -> _Source:
         return _Source(a.shape[1], a.shape[0], None, a.ndim == 3 and a.shape[2] == 4)
     try:
         with _open(image) as im:
-            alpha = im.mode in ALPHA_MODES or "transparency" in im.info
+            alpha = has_alpha(im.mode, im.info)
             return _Source(im.size[0], im.size[1], im.format, alpha)
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
         raise SceneError(f"image {what!r} is unreadable") from None

@@ -428,8 +428,6 @@ std::vector<at::Tensor> nerf_mlp_backward(at::Tensor enc, c10::optional<at::Tens
     return out;
 }
 
-}  // namespace
-
 // One marching round's culling: keep (m,) bool per sample, go (A,) bool per live ray (it filled
 // the round and still sees through). tau (n,) float64 and near (n,) float32 are updated in place.
 std::vector<at::Tensor> cull_round(at::Tensor offsets, at::Tensor alive, at::Tensor sigma, at::Tensor t0,
@@ -469,6 +467,8 @@ void move_rows(at::Tensor dst, at::Tensor dest, at::Tensor src, at::Tensor idx) 
 #pragma omp parallel for schedule(static) num_threads(k > 4096 ? n_threads() : 1)
     for (int64_t j = 0; j < k; ++j) std::memcpy(out + dp[j] * bytes, in + ip[j] * bytes, bytes);
 }
+
+}  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("hash_grid_forward", &hash_grid_forward);

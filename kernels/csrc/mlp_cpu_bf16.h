@@ -76,6 +76,7 @@ inline void tile(const GemmArgs& g, const uint32_t* a, int64_t pam, int64_t pak,
             }
         }
     }
+    const int epi = g.epi;
     const uint32_t* bp = b + n0;
     for (int64_t i = 0; i < k2; ++i, bp += npad) {
         __m512bh bv[NV];
@@ -92,35 +93,16 @@ inline void tile(const GemmArgs& g, const uint32_t* a, int64_t pam, int64_t pak,
 #pragma GCC unroll 16
     for (int m = 0; m < MR; ++m) {
         if (m >= mr) break;
-        float* c = g.C + (m0 + m) * g.ldc + n0;
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) {
-            __m512 x = acc[m][v];
-            const bool full = FULL || v + 1 < NV;
-            if (g.epi == kn_mlp::EPI_RELU) {
-                x = _mm512_max_ps(_mm512_setzero_ps(), x);
-            } else if (g.epi == kn_mlp::EPI_MASK) {
-                const float* r = g.R + (m0 + m) * g.ldr + n0 + v * W;
-                const __m512 rv = full ? _mm512_loadu_ps(r) : _mm512_maskz_loadu_ps(last, r);
-                x = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(rv, _mm512_setzero_ps(), _CMP_GT_OQ), x);
-            }
-            if (full)
-                _mm512_storeu_ps(c + v * W, x);
-            else
-                _mm512_mask_storeu_ps(c + v * W, last, x);
-        }
+        for (int v = 0; v < NV; ++v)
+            kn_mlp_avx512::finish(g, epi, m0 + m, n0 + v * W, {acc[m][v]}, FULL || v + 1 < NV, last);
     }
-}
-
-template <int NV>
-constexpr int rows_for() {
-    return NV == 4 ? 6 : NV == 3 ? 8 : NV == 2 ? 12 : 16;
 }
 
 template <int NV, bool FULL>
 inline void tile_rows(const GemmArgs& g, const uint32_t* a, int64_t pam, int64_t pak, const uint32_t* b,
                       int64_t npad, int64_t k2, int64_t n0, __mmask16 last) {
-    constexpr int MR = rows_for<NV>();
+    constexpr int MR = kn_mlp_avx512::rows_for<NV>();
     int64_t m0 = 0;
     for (; g.M - m0 >= MR; m0 += MR) tile<MR, NV, FULL>(g, a, pam, pak, b, npad, k2, m0, MR, n0, last);
     const int left = (int)(g.M - m0);

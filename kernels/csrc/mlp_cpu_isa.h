@@ -112,6 +112,23 @@ constexpr int rows_for() {
 
 #endif
 
+// C[m, n .. n + W) = the epilogue `epi` (g.epi, passed as a local: the stores to C may alias g)
+// of x: ReLU, the ReLU's backward mask from R, or nothing; `full` stores every lane, else those of
+// `last`. mlp_cpu_bf16.h uses the AVX-512 one for its tiles too.
+inline void finish(const GemmArgs& g, int epi, int64_t m, int64_t n, V x, bool full, Mask last) {
+    if (epi == kn_mlp::EPI_RELU) {
+        x = vrelu(x);
+    } else if (epi == kn_mlp::EPI_MASK) {
+        const float* r = g.R + m * g.ldr + n;
+        x = vkeep_where_positive(x, full ? vload(r) : vload_m(r, last));
+    }
+    float* c = g.C + m * g.ldc + n;
+    if (full)
+        vstore(c, x);
+    else
+        vstore_m(c, x, last);
+}
+
 // One tile: rows [m0, m0 + mr) and NV vectors of columns from n0, the last vector holding the
 // lanes of `last` unless FULL. Rows past mr repeat row mr - 1 so that the loop has no row test;
 // they are computed and never stored. FULL panels avoid masked loads and stores, which are slow
@@ -171,21 +188,8 @@ inline void tile(const GemmArgs& g, int64_t m0, int mr, int64_t n0, Mask last) {
 #pragma GCC unroll 16
     for (int m = 0; m < MR; ++m) {
         if (m >= mr) break;
-        float* c = g.C + (m0 + m) * g.ldc + n0;
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) {
-            V x = acc[m][v];
-            if (epi == kn_mlp::EPI_RELU) {
-                x = vrelu(x);
-            } else if (epi == kn_mlp::EPI_MASK) {
-                const float* r = g.R + (m0 + m) * g.ldr + n0 + v * W;
-                x = vkeep_where_positive(x, FULL || v + 1 < NV ? vload(r) : vload_m(r, last));
-            }
-            if (FULL || v + 1 < NV)
-                vstore(c + v * W, x);
-            else
-                vstore_m(c + v * W, x, last);
-        }
+        for (int v = 0; v < NV; ++v) finish(g, epi, m0 + m, n0 + v * W, acc[m][v], FULL || v + 1 < NV, last);
     }
 }
 

@@ -10,11 +10,10 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
-from core.photos import DECODE_TO_CHECK, FORMAT_NAMES, FORMATS
+from core.photos import DECODE_TO_CHECK, FORMAT_NAMES, FORMATS, has_alpha
 from service.intake import IntakeError
 
 MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "CMYK", "YCbCr", "La", "RGBa")
-ALPHA_MODES = ("LA", "PA", "RGBA", "La", "RGBa")
 
 
 @dataclass
@@ -75,7 +74,7 @@ def inspect_image(path: Path, name: str, max_pixels: int) -> ImageInfo:
         raise IntakeError(422, f"image {name!r} is truncated or corrupt") from None
     if fmt == "JPEG" and not jpeg_complete(path):
         raise IntakeError(422, f"image {name!r} is truncated (no JPEG end-of-image marker)")
-    alpha = mode in ALPHA_MODES or "transparency" in info
+    alpha = has_alpha(mode, info)
     return ImageInfo(fmt, w, h, alpha)
 
 
