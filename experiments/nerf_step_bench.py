@@ -11,7 +11,7 @@ defaults (the `table` column: this tree sizes the hash table by the training pix
 always used 2^19); `--set log2_hashmap_size=19` gives this tree the baseline's model.
 
     python -m experiments.nerf_step_bench [--baseline REV] [--steps 300] [--chunk 10] [--threads 2]
-        [--seeds 1] [--set KEY=VALUE ...]
+        [--seeds 1] [--set KEY=VALUE ...] [--baseline-malloc default|tuned]
 """
 
 from __future__ import annotations
@@ -111,9 +111,17 @@ def _baseline_tree(rev: str, dest: Path) -> Path:
 
 
 class Child:
-    def __init__(self, label: str, tree: Path, dataset: Path, config: dict, threads: int):
+    def __init__(
+        self,
+        label: str,
+        tree: Path,
+        dataset: Path,
+        config: dict,
+        threads: int,
+        env: dict[str, str] | None = None,
+    ):
         self.label = label
-        env = {**os.environ, "PYTHONPATH": str(tree)}
+        env = {**os.environ, **(env or {}), "PYTHONPATH": str(tree)}
         env.setdefault("KERNELS_BUILD_DIR", str(REPO / ".kernels-build"))
         self.p = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(dataset), json.dumps(config), str(threads)],
@@ -166,7 +174,7 @@ def _run_pair(
     base_cfg = {**config, "cone_angle": 0.0, "log2_hashmap_size": BASELINE_TABLE_LOG2}
     config = {**config, **overrides}
     kids = [
-        Child(f"baseline {a.baseline}", base_tree, dataset, base_cfg, a.threads),
+        Child(f"baseline {a.baseline}", base_tree, dataset, base_cfg, a.threads, a.baseline_env),
         Child("this tree", REPO, dataset, config, a.threads),
     ]
     try:
@@ -206,7 +214,24 @@ def main(argv=None) -> int:
         metavar="KEY=VALUE",
         help="a config value for this tree only (JSON value, e.g. log2_hashmap_size=19)",
     )
+    ap.add_argument(
+        "--baseline-malloc",
+        choices=("default", "tuned"),
+        default="default",
+        help="tuned: the baseline's process gets this tree's malloc settings (worker/memory.py) "
+        "through glibc's environment variables, so the ratio leaves out what they give",
+    )
     a = ap.parse_args(argv)
+    from worker.memory import MMAP_THRESHOLD, TRIM_THRESHOLD
+
+    a.baseline_env = (
+        {
+            "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
+            "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
+        }
+        if a.baseline_malloc == "tuned"
+        else {}
+    )
     from api_schemas.nerf import NerfConfig
     from experiments.nerf_quality import CPU_CONFIG
 
@@ -237,8 +262,8 @@ def main(argv=None) -> int:
     print(f"CPU: {_cpu_model()}")
     print(
         f"quality-bar scene, {a.steps} steps each, {a.threads} threads, chunks of {a.chunk} "
-        f"steps alternating; load average {load0:.1f} at start, {load1:.1f} at end; "
-        f"{time.monotonic() - t0:.0f}s wall"
+        f"steps alternating; baseline malloc {a.baseline_malloc}; load average {load0:.1f} at "
+        f"start, {load1:.1f} at end; {time.monotonic() - t0:.0f}s wall"
     )
     print("| seed | code | table | steps/s | s/step | samples/ray (kept) | test PSNR | test SSIM |")
     print("|---|---|---|---|---|---|---|---|")

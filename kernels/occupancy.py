@@ -232,7 +232,7 @@ class OccupancyGrid(nn.Module):
         warmup: bool = False,
         decay: float = 0.95,
         threshold: float = MIN_OPTICAL_THICKNESS,
-        chunk: int = 2**18,
+        chunk: int = 2**16,
     ) -> None:
         """One EMA update: density = max(density * decay, new samples) over the seen cells, then
         binarize.
@@ -246,7 +246,8 @@ class OccupancyGrid(nn.Module):
             warmup: sample every cell.
             decay: EMA factor applied to every cell first.
             threshold: optical thickness above which a cell is occupied (capped by the mean).
-            chunk: points per density_fn call.
+            chunk: points per density_fn call (2^16 keeps each call's buffers to a few MB, small
+                enough for a process's allocator to reuse rather than map afresh).
         """
         dev = self.density.device
         fresh = torch.zeros_like(self.density)

@@ -46,6 +46,7 @@ from worker.jobs import (
     kind_function,
     pick_device,
 )
+from worker.memory import reuse_freed_memory
 from worker.progress import ProgressReporter
 from worker.reaper import (
     close_delivery,
@@ -59,6 +60,7 @@ from worker.sfm import stage as sfm_stage
 log = logging.getLogger(__name__)
 RENDER_CACHE_SIZE = 4
 limit_torch_threads()
+reuse_freed_memory()  # inherited by the forked pool processes
 
 
 def _warm_up() -> None:

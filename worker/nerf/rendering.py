@@ -19,7 +19,9 @@ import torch
 from kernels import OccupancyGrid, composite, cull_round, march_rays, move_rows
 
 EARLY_STOP_T = 1e-4
-SAMPLE_CHUNK = 1 << 18
+# Samples encoded per call: their features (16 MB) stay under worker.memory's mmap threshold, so
+# the heap's pages are reused from one call to the next.
+SAMPLE_CHUNK = 1 << 17
 # Samples per ray in the first marching round; each later round marches twice as many. Most rays
 # of a trained field end within a few samples of their surface, so short rounds waste little.
 FIRST_ROUND = 4

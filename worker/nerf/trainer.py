@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import HashGridAdam, OccupancyGrid
+from worker.memory import reuse_freed_memory
 from worker.nerf.model import NerfField
 from worker.nerf.rendering import RenderStats, render_rays
 from worker.scene.dataset import Dataset, background_rgb, composite_background
@@ -66,6 +67,7 @@ class NerfTrainer:
             raise ValueError(
                 f"sh_degree {config['sh_degree']} is not supported by the SH kernel (1..4)"
             )
+        reuse_freed_memory()  # every step frees and allocates the same buffers again
         self.requested_config = config  # what the job asked for (checkpoints compare it)
         self.meta = meta
         self.device = torch.device(device or "cpu")
