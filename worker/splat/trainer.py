@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.splat_project import quat_to_rotmat
+from worker.memory import reuse_freed_memory
 from worker.scene.cameras import RenderCamera
 from worker.scene.dataset import Dataset, background_rgb, composite_background
 from worker.scene.metrics import psnr_from_mse
@@ -91,6 +92,7 @@ class SplatTrainer:
         data: Dataset,
         dataset_dir: Path | None = None,
     ):
+        reuse_freed_memory()  # every step frees and allocates the same buffers again
         self.config, self.meta, self.device = config, meta, device
         self.gen = torch.Generator().manual_seed(int(config["seed"]))
         self.images = TrainImages(data, config.get("train_resolution"))
