@@ -1,7 +1,7 @@
-"""worker.memory: after reuse_freed_memory(), a step that frees and allocates the same buffers
-again touches pages that are already mapped (no page faults), where glibc's defaults trim the
-heap after every step and fault the pages in again. Each case runs in its own process: the
-setting is process-wide."""
+"""worker.memory: after reuse_freed_memory(), a step that frees its buffers and allocates them
+again next step touches pages that are already mapped (page faults only past the heap's peak),
+where glibc's defaults trim the heap after a step and fault the pages in again. Each case runs in
+its own process: the setting is process-wide."""
 
 from __future__ import annotations
 
