@@ -1,5 +1,9 @@
 """Config of a `kind=splat` job (3D Gaussian splatting). Defaults follow the 3DGS paper, with the
-schedule scaled to `steps` (densify until half-way, opacity reset every `opacity_reset_every`)."""
+schedule scaled to `steps` (densify until half-way, opacity reset every `opacity_reset_every`).
+
+Step numbers of the schedule (densify_from/every, opacity_reset_every, sh_increase_every) are
+those of a run reaching `steps`; when the time budget ends the run first they scale with it (the
+schedule's position is `steps` x the larger of the steps and the budget fractions done)."""
 
 from __future__ import annotations
 
@@ -56,7 +60,12 @@ class SplatConfig(TrainingImages):
     prune_world_size: float = Field(
         0.1, gt=0, le=10.0, description="prune splats larger than this scene fraction"
     )
-    opacity_reset_every: int = Field(3000, ge=1)
+    opacity_reset_every: int = Field(
+        1000,
+        ge=1,
+        description="reset opacities to <= 0.01 every this many schedule steps while densifying; "
+        "large splats are pruned only after the first",
+    )
     max_gaussians: int = Field(300_000, ge=1, le=10_000_000)
 
     # Images and compositing

@@ -52,6 +52,9 @@ class SplatJob(SceneJob):
 
     def final_metrics(self, ctx, trainer, test, metrics):
         metrics["n_gaussians"] = trainer.n
+        # what the schedule did within the job's horizon (steps or time budget)
+        metrics.update(trainer.counts)
+        metrics["schedule_step"] = round(trainer.sched, 1)
         # world units, so that viewers show the scene as uploaded
         (ctx.paths.artifacts / PLY_NAME).write_bytes(ply_bytes(trainer.params, test.normalization))
         return [PLY_NAME]

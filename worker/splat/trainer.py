@@ -1,6 +1,12 @@
 """3DGS training: one image per step, L1 + D-SSIM, Adam with per-parameter rates, densification
 (clone small / split large splats with a high view-space gradient, prune transparent and huge
 ones) and periodic opacity resets, on the schedule of the 3DGS paper scaled to `steps`.
+
+The schedule's step numbers (densify window and period, opacity resets, SH bands, the large-splat
+pruning gate, the means' learning-rate decay) are those of a run that reaches `steps`; when the
+time budget ends the run first, the schedule runs on the budget's clock instead: its position is
+`steps` x the larger of the step fraction and the budget fraction used (`schedule_step`), so a
+short budget still densifies, resets opacities and reaches every SH band.
 """
 
 from __future__ import annotations
@@ -105,7 +111,12 @@ class SplatTrainer:
         self.params = {k: v.to(device) for k, v in self._init(dataset_dir).items()}
         self._make_optimizer()
         self._reset_stats()
-        self.densify_until = int(config["densify_until"] * config["steps"])
+        self.densify_until = config["densify_until"] * config["steps"]
+        # Seconds of the job's budget at which training ends (set by the job, as for nerf)
+        self.lr_horizon_s: float | None = None
+        self.budget_used_s = 0.0
+        self.sched = 0.0  # schedule position after the last step (see schedule_step)
+        self.counts = {"densifications": 0, "opacity_resets": 0}
 
     # -- state --------------------------------------------------------------------------------
     def _init(self, dataset_dir: Path | None):
@@ -164,8 +175,17 @@ class SplatTrainer:
     def n(self) -> int:
         return int(self.params["means"].shape[0])
 
+    def schedule_step(self) -> float:
+        """Where the run stands on the `steps`-long schedule: the step, or further when the time
+        budget is used up faster than the steps (the job's real horizon)."""
+        steps = int(self.config["steps"])
+        frac = self.step / max(steps, 1)
+        if self.lr_horizon_s:
+            frac = max(frac, self.budget_used_s / self.lr_horizon_s)
+        return min(frac, 1.0) * steps
+
     def active_degree(self) -> int:
-        return min(self.degree, self.step // int(self.config["sh_increase_every"]))
+        return min(self.degree, int(self.sched // int(self.config["sh_increase_every"])))
 
     def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         t = {k: v.detach().cpu().contiguous() for k, v in self.params.items()}
@@ -184,6 +204,8 @@ class SplatTrainer:
             "train_s": self.train_s,
             "budget_used_s": getattr(self, "budget_used_s", 0.0),
             "n_gaussians": self.n,
+            "schedule_step": self.sched,
+            "counts": self.counts,
             "sh_degree": self.degree,
             "active_degree": self.active_degree(),
             "normalization": self.meta["normalization"],
@@ -201,6 +223,8 @@ class SplatTrainer:
         self.step = int(meta["step"])
         self.train_s = float(meta.get("train_s", 0.0))
         self.budget_used_s = float(meta.get("budget_used_s", 0.0))  # the job's wall-time budget
+        self.sched = float(meta.get("schedule_step", self.step))
+        self.counts = {**self.counts, **meta.get("counts", {})}
 
     # -- one step -----------------------------------------------------------------------------
     def _background(self) -> torch.Tensor:
@@ -213,7 +237,7 @@ class SplatTrainer:
 
     def _set_lr(self):
         c = self.config
-        t = min(1.0, self.step / max(1, c["steps"]))
+        t = self.schedule_step() / max(1, c["steps"])
         lr = (
             math.exp((1 - t) * math.log(c["lr_means"]) + t * math.log(c["lr_means_final"]))
             * self.extent
@@ -241,7 +265,7 @@ class SplatTrainer:
         with torch.no_grad():
             mse = float(((out.rgb - target) ** 2).mean())
             if (
-                self.step < self.densify_until
+                self.sched < self.densify_until
                 and out.means2d.grad is not None
                 and out.visible.numel()
             ):
@@ -256,11 +280,18 @@ class SplatTrainer:
                 )
         self.opt.step()
         self.step += 1
-        if self.step < self.densify_until:
-            if self.step >= c["densify_from"] and self.step % c["densify_every"] == 0:
+        prev, self.sched = self.sched, self.schedule_step()
+        if self.sched < self.densify_until:
+
+            def crossed(every: int) -> bool:  # a multiple of `every` passed during this step
+                return int(self.sched // every) > int(prev // every)
+
+            if self.sched >= c["densify_from"] and crossed(c["densify_every"]):
                 self.densify_and_prune()
-            if self.step % c["opacity_reset_every"] == 0:
+                self.counts["densifications"] += 1
+            if crossed(c["opacity_reset_every"]):
                 self.reset_opacity()
+                self.counts["opacity_resets"] += 1
         self.train_s += time.perf_counter() - t0
         return {
             "loss": float(loss.detach()),
@@ -324,7 +355,7 @@ class SplatTrainer:
             # prune
             op = torch.sigmoid(self.params["opacities"].detach())
             prune = op < c["prune_opacity"]
-            if self.step > c["opacity_reset_every"]:
+            if self.sched > c["opacity_reset_every"]:
                 prune |= self.max_radii > c["prune_screen_size"]
                 prune |= (
                     torch.exp(self.params["scales"].detach()).max(-1).values
