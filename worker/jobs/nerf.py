@@ -56,8 +56,11 @@ class NerfModel(SceneModel):
         self.field = NerfField(self.config, meta["aabb_half"]).eval()
         from kernels import OccupancyGrid
 
+        # Cascade 0's half size: checkpoints before cascades (state format 2) had one cascade over
+        # the whole box and no "half".
+        grid_half = meta["grid"].get("half", meta["aabb_half"])
         self.grid = OccupancyGrid(
-            [-meta["aabb_half"]] * 3 + [meta["aabb_half"]] * 3,
+            [-grid_half] * 3 + [grid_half] * 3,
             resolution=meta["grid"]["resolution"],
             n_cascades=meta["grid"]["n_cascades"],
             step_size=meta["step_size"],
@@ -65,9 +68,10 @@ class NerfModel(SceneModel):
         )
         load_field_and_grid(self.field, self.grid, checkpoint.tensors, device)
         self.step_size = meta["step_size"]
+        self.max_step = float(meta.get("max_step", 1e10))
 
 
-def _march(field, grid, config, step_size, o, d, background):
+def _march(field, grid, config, step_size, o, d, background, max_step=1e10):
     return render_image(
         field,
         grid,
@@ -77,6 +81,7 @@ def _march(field, grid, config, step_size, o, d, background):
         step=step_size,
         cone_angle=config["cone_angle"],
         max_samples=config["max_samples_per_ray"],
+        max_step=max_step,
     )
 
 
@@ -106,6 +111,7 @@ class NerfJob(SceneJob):
                 o.to(dev),
                 d.to(dev),
                 trainer.eval_background,
+                trainer.max_step,
             )
         depth = world_distance(depth, data.normalization)
         return (
@@ -167,7 +173,7 @@ class NerfJob(SceneJob):
     def render_view(self, model: NerfModel, cam: RenderCamera, background, output):
         o, d = cam.rays(model.device)
         rgb, depth, alpha, _ = _march(
-            model.field, model.grid, model.config, model.step_size, o, d, background
+            model.field, model.grid, model.config, model.step_size, o, d, background, model.max_step
         )
         h, w = cam.height, cam.width
         return (

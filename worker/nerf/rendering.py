@@ -68,6 +68,7 @@ def march_visible(
     *,
     step: float,
     cone_angle: float = 0.0,
+    max_step: float = 1e10,
     max_samples: int = 1024,
     stratified: bool = False,
     alpha_threshold: float = 0.0,
@@ -80,7 +81,8 @@ def march_visible(
 
     Args:
         rays_o, rays_d: (N, 3) origins and unit directions.
-        step, cone_angle, max_samples, stratified: as `march_rays` (max_samples over all rounds).
+        step, cone_angle, max_step, max_samples, stratified: as `march_rays` (max_samples over
+            all rounds).
         alpha_threshold: also drop samples with alpha below this.
 
     Returns:
@@ -106,6 +108,7 @@ def march_visible(
             near=near.index_select(0, alive),
             render_step_size=step,
             cone_angle=cone_angle,
+            max_step=max_step,
             max_samples=cap,
             stratified=stratified and first,
         )
@@ -184,6 +187,7 @@ def render_rays(
     *,
     step: float,
     cone_angle: float = 0.0,
+    max_step: float = 1e10,
     max_samples: int = 1024,
     stratified: bool = False,
     alpha_threshold: float = 0.0,
@@ -200,6 +204,7 @@ def render_rays(
         rays_d,
         step=step,
         cone_angle=cone_angle,
+        max_step=max_step,
         max_samples=max_samples,
         stratified=stratified,
         alpha_threshold=alpha_threshold,
@@ -232,6 +237,7 @@ def render_image(
     cone_angle=0.0,
     max_samples=1024,
     chunk: int = 8192,
+    max_step: float = 1e10,
 ):
     """Chunked inference: rgb (N, 3), depth (N,) (expected distance of the visible surface, 0 = none),
     opacity (N,), stats. Memory is bounded by the chunk, whatever the image size."""
@@ -248,6 +254,7 @@ def render_image(
             bg,
             step=step,
             cone_angle=cone_angle,
+            max_step=max_step,
             max_samples=max_samples,
         )
         rgbs.append(c)

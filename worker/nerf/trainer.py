@@ -21,8 +21,9 @@ from worker.scene.metrics import psnr_from_mse as psnr
 log = logging.getLogger(__name__)
 
 MIN_RAYS = 64
-# Bumped when the checkpoint's tensors change meaning; an older checkpoint is not resumed.
-STATE_FORMAT = 2
+# Bumped when the checkpoint's tensors change meaning; an older checkpoint is not resumed (it
+# still renders: the meta says its box and grid). 3: occupancy cascades over boxes past the unit cube.
+STATE_FORMAT = 3
 # The default hash table size's range (table_log2): instant-ngp's 2^19 is the most.
 TABLE_LOG2_MIN, TABLE_LOG2_MAX = 14, 19
 
@@ -55,6 +56,28 @@ def aabb_half(meta: dict[str, Any], config: dict[str, Any]) -> float:
     return float(meta.get("aabb", [[-1.0] * 3, [1.0] * 3])[1][0])
 
 
+def grid_layout(half: float) -> tuple[float, int]:
+    """(half size of cascade 0, number of cascades) of the occupancy grid over [-half, half]^3.
+
+    A box larger than the unit cube gets instant-ngp's cascades: cascade 0 is (about) the unit
+    box, each next one twice as large, ceil(log2 half) + 1 of them, the last exactly the scene
+    box; so the subject keeps the unit box's cell size while the room or landscape around it is
+    covered by coarser cells. One cascade over a 4x box gave the subject 4x coarser cells."""
+    if half <= 1.0:
+        return half, 1
+    n = math.ceil(math.log2(half) - 1e-9) + 1
+    return half / 2.0 ** (n - 1), n
+
+
+def max_march_step(half: float, resolution: int, n_cascades: int) -> float:
+    """Largest march step with a cone angle: the diagonal of a cell of the outermost cascade
+    (instant-ngp's MAX_CONE_STEPSIZE), so steps that grow with distance never jump a cell of the
+    cascade they are in; unbounded (steps are the cone's) with one cascade, as before."""
+    if n_cascades <= 1:
+        return 1e10
+    return math.sqrt(3) * 2.0 * half / resolution
+
+
 class NerfTrainer:
     """`step()` runs one batch; `state()` / `load_state()` pack everything needed to resume."""
 
@@ -84,15 +107,20 @@ class NerfTrainer:
         self.lr_horizon_s: float | None = None
         self.budget_used_s = 0.0
         self.backend = config.get("backend", "ext")
-        # Same lattice for training and rendering: box diagonal / max_samples_per_ray.
-        self.step_size = 2 * math.sqrt(3) * self.half / config["max_samples_per_ray"]
+        grid_half, n_cascades = grid_layout(self.half)
+        # Same lattice for training and rendering: the diagonal of cascade 0 (the whole box with
+        # one cascade) / max_samples_per_ray; with cascades the cone angle lengthens steps with
+        # distance, up to `max_step`.
+        self.step_size = 2 * math.sqrt(3) * grid_half / config["max_samples_per_ray"]
+        self.max_step = max_march_step(self.half, config["occupancy_resolution"], n_cascades)
         torch.manual_seed(config.get("seed", 0))
         self.field = NerfField(self.config, self.half, self.backend).to(self.device)
         # Grid densities are optical thickness per render step, so the threshold means
         # "at least this alpha over one step" whatever the step size.
         self.grid = OccupancyGrid(
-            [-self.half] * 3 + [self.half] * 3,
+            [-grid_half] * 3 + [grid_half] * 3,
             resolution=config["occupancy_resolution"],
+            n_cascades=n_cascades,
             step_size=self.step_size,
             backend=self.backend,
         ).to(self.device)
@@ -203,6 +231,7 @@ class NerfTrainer:
             bg,
             step=self.step_size,
             cone_angle=self.config["cone_angle"],
+            max_step=self.max_step,
             max_samples=self.config["max_samples_per_ray"],
             stratified=True,
         )
@@ -259,12 +288,14 @@ class NerfTrainer:
             "curve": self.curve,
             "aabb_half": self.half,
             "step_size": self.step_size,
+            "max_step": self.max_step,
             "normalization": self.meta.get(
                 "normalization", {"scale": 1.0, "offset": [0.0, 0.0, 0.0]}
             ),
             "grid": {
                 "resolution": self.grid.resolution,
                 "n_cascades": self.grid.n_cascades,
+                "half": self.grid.half[0],
                 "n_updates": int(self.grid.n_updates),
             },
             "camera": default_camera(self.meta),
