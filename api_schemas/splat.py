@@ -74,6 +74,11 @@ class SplatConfig(TrainingImages):
     )
     train_background: Literal["random", "white", "black"] = "random"
     background: Background = "white"
+    antialiased: bool = Field(
+        False,
+        description="mip-splatting's 2D filter with opacity compensation (gsplat's antialiased "
+        "mode) in training and every render; recorded in checkpoints and exported files",
+    )
     method: Literal["tiled", "naive", "reference"] = Field(
         "tiled", description="compositor used for training"
     )

@@ -3,6 +3,9 @@
 Cameras follow the project's convention: c2w camera-to-world with OpenGL axes (x right, y up,
 looking down -z), pinhole fx, fy, cx, cy in pixels of an image whose pixel centres sit at +0.5.
 Constants are seed 002's: a 0.3 px^2 dilation of every 2D covariance and a 0.05 near plane.
+`antialiased=True` is mip-splatting's 2D filter as gsplat's `antialiased` mode: the same
+dilation, with each splat's opacity scaled by sqrt(det(cov2d) / det(cov2d + 0.3 I)) so that a
+splat smaller than a pixel keeps its integrated weight instead of growing brighter.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ class Projected:
     depths: torch.Tensor  # (N,) distance along the view axis
     radii: torch.Tensor  # (N,) 3-sigma radius in pixels of the larger axis (no grad)
     visible: torch.Tensor  # (N,) bool: in front of the near plane with a valid 2D covariance
+    # (N,) opacity factor of the antialiasing filter (ones without it); differentiable
+    compensations: torch.Tensor | None = None
 
 
 def quat_to_rotmat(q: torch.Tensor) -> torch.Tensor:
@@ -80,6 +85,7 @@ def project_gaussians(
     height: int,
     near: float = Z_NEAR,
     dilation: float = DILATION,
+    antialiased: bool = False,
 ) -> Projected:
     """EWA-project 3D Gaussians into a pinhole camera (3DGS); differentiable w.r.t. means and covs.
 
@@ -91,10 +97,13 @@ def project_gaussians(
         width, height: image size in pixels (bounds the Jacobian's field-of-view clamp).
         near: Gaussians at or closer than this depth are not visible.
         dilation: added to the 2D covariance's diagonal (3DGS's 0.3 px low-pass).
+        antialiased: also return the filter's opacity compensations
+            sqrt(det(cov2d) / det(cov2d + dilation I)) (mip-splatting, gsplat `antialiased`).
 
     Returns:
-        Projected: means2d (N, 2), conics (N, 3), depths (N,), radii (N,) and visible (N,) bool;
-        entries of invisible Gaussians are finite but meaningless.
+        Projected: means2d (N, 2), conics (N, 3), depths (N,), radii (N,), visible (N,) bool and
+        compensations (N,) (ones unless antialiased); entries of invisible Gaussians are finite
+        but meaningless.
     """
     c2w = torch.as_tensor(c2w, dtype=means3d.dtype, device=means3d.device)
     r, t = world_to_camera(c2w)
@@ -124,8 +133,13 @@ def project_gaussians(
     det_s = torch.where(visible, det, torch.ones_like(det))
     conics = torch.stack([c / det_s, -b / det_s, a / det_s], -1)
     means2d = torch.stack([fx * x / zs + cx, fy * y / zs + cy], -1)
+    if antialiased:
+        det_orig = cov2d[:, 0, 0] * cov2d[:, 1, 1] - b * b
+        comp = torch.sqrt(torch.clamp(det_orig / det_s, min=1e-12)) * visible
+    else:
+        comp = torch.ones_like(z)
     with torch.no_grad():
         mid = 0.5 * (a + c)
         lam = mid + torch.sqrt(torch.clamp(mid * mid - det, min=0.1))
         radii = torch.where(visible, 3.0 * torch.sqrt(lam), torch.zeros_like(lam))
-    return Projected(means2d, conics, z, radii, visible)
+    return Projected(means2d, conics, z, radii, visible, comp)

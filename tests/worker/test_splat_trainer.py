@@ -187,3 +187,18 @@ def test_depth_is_the_distance_along_each_pixels_ray():
     want = 2.0 * torch.sqrt(1 + x**2 + y**2)
     torch.testing.assert_close(depth, want, rtol=2e-3, atol=0)
     assert float(depth[0, 0]) > 3.3  # a corner ray: ~2 * sqrt(3)
+
+
+def test_antialiased_training_is_recorded_for_renderers_and_files(tmp_path, blender):
+    from worker.splat.ply import ply_antialiased
+
+    cfg, _, job = intake(tmp_path, blender, {"n_init_points": 300, "steps": 5, "antialiased": True})
+    meta = read_meta(job / "dataset")
+    t = SplatTrainer(cfg, meta, torch.device("cpu"), Dataset(job / "dataset", "train", meta))
+    for _ in range(3):
+        assert np.isfinite(t.train_step()["loss"])
+    _, state = t.state()
+    assert state["antialiased"] is True
+    assert ply_antialiased(ply_bytes(t.params, None, True))
+    assert not ply_antialiased(ply_bytes(t.params))
+    read_ply(ply_bytes(t.params, None, True))  # the comment leaves the layout readable

@@ -68,7 +68,7 @@ def _splat(job, checkpoint, paths, fmt: ExportFormat, options: dict[str, Any]):
     if fmt == ExportFormat.gaussians:
         from worker.splat.ply import ply_bytes
 
-        return ply_bytes(model.params, model.normalization), {
+        return ply_bytes(model.params, model.normalization, model.antialiased), {
             "gaussians": len(model.params["means"])
         }
     if fmt == ExportFormat.splat:

@@ -26,6 +26,7 @@ class SplatModel(SceneModel):
         super().__init__(checkpoint, device)
         self.params = {k: checkpoint.tensors[k].to(device) for k in gm.NAMES}
         self.degree = int(checkpoint.meta["sh_degree"])
+        self.antialiased = bool(checkpoint.meta.get("antialiased", False))
 
 
 class SplatJob(SceneJob):
@@ -46,7 +47,14 @@ class SplatJob(SceneJob):
             torch.tensor(f.c2w, dtype=torch.float32), f.fx, f.fy, f.cx, f.cy, f.w, f.h
         )
         with torch.no_grad():
-            out = gm.render(trainer.params, cam, trainer.eval_background, trainer.degree, "tiled")
+            out = gm.render(
+                trainer.params,
+                cam,
+                trainer.eval_background,
+                trainer.degree,
+                "tiled",
+                trainer.antialiased,
+            )
             depth = gm.render_depth(trainer.params, cam, out)
         return to_numpy(out.rgb), world_distance(depth, data.normalization).cpu().numpy()
 
@@ -56,12 +64,14 @@ class SplatJob(SceneJob):
         metrics.update(trainer.counts)
         metrics["schedule_step"] = round(trainer.sched, 1)
         # world units, so that viewers show the scene as uploaded
-        (ctx.paths.artifacts / PLY_NAME).write_bytes(ply_bytes(trainer.params, test.normalization))
+        (ctx.paths.artifacts / PLY_NAME).write_bytes(
+            ply_bytes(trainer.params, test.normalization, trainer.antialiased)
+        )
         return [PLY_NAME]
 
     def render_view(self, model: SplatModel, cam: RenderCamera, background, output):
         with torch.no_grad():
-            out = gm.render(model.params, cam, background, model.degree, "tiled")
+            out = gm.render(model.params, cam, background, model.degree, "tiled", model.antialiased)
             depth = (
                 gm.render_depth(model.params, cam, out)
                 if output == "depth"

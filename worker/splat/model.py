@@ -88,11 +88,22 @@ def render(
     background: torch.Tensor,
     degree: int,
     method: str = "tiled",
+    antialiased: bool = False,
 ) -> RenderOut:
+    """One view of the Gaussians; `antialiased`: mip-splatting's 2D filter (kernels.splat_project)."""
     c2w = cam.c2w.to(p["means"].device, p["means"].dtype)
     cov = covariance_3d(torch.exp(p["scales"]), p["quats"])
     proj = project_gaussians(
-        p["means"], cov, c2w, cam.fx, cam.fy, cam.cx, cam.cy, cam.width, cam.height
+        p["means"],
+        cov,
+        c2w,
+        cam.fx,
+        cam.fy,
+        cam.cx,
+        cam.cy,
+        cam.width,
+        cam.height,
+        antialiased=antialiased,
     )
     with torch.no_grad():
         r = proj.radii
@@ -104,6 +115,8 @@ def render(
         means2d.retain_grad()
     colors = colors_of(p, idx, c2w[:3, 3], degree)
     opac = torch.sigmoid(p["opacities"][idx])
+    if antialiased:
+        opac = opac * proj.compensations[idx]
     rgb, trans = splat.rasterize(
         means2d,
         proj.conics[idx],

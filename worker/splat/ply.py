@@ -2,6 +2,8 @@
 (SuperSplat, antimatter15/splat, the SIBR viewer): x y z nx ny nz f_dc_0..2 f_rest_0..(3K-1)
 opacity scale_0..2 rot_0..3, binary little-endian float32; f_rest channel-major (all of R's
 coefficients, then G's, then B's); opacity as a logit, scales as logs, rot = (w, x, y, z).
+A model trained with the antialiasing filter says so in a header comment (`comment antialiased
+1`), since PLY has no field for it; readers that do not know it ignore comments.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ import numpy as np
 import torch
 
 
-def ply_bytes(p: dict[str, torch.Tensor], normalization: dict | None = None) -> bytes:
+def ply_bytes(
+    p: dict[str, torch.Tensor], normalization: dict | None = None, antialiased: bool = False
+) -> bytes:
     """Gaussians -> PLY bytes. With `normalization`, positions and sizes go back to world units."""
     means = p["means"].detach().cpu().double()
     log_scales = p["scales"].detach().cpu().double()
@@ -40,7 +44,9 @@ def ply_bytes(p: dict[str, torch.Tensor], normalization: dict | None = None) -> 
         + [f"rot_{i}" for i in range(4)]
     )
     assert data.shape[1] == len(names)
-    header = ["ply", "format binary_little_endian 1.0", f"element vertex {n}"]
+    header = ["ply", "format binary_little_endian 1.0"]
+    header += ["comment antialiased 1"] if antialiased else []
+    header += [f"element vertex {n}"]
     header += [f"property float {name}" for name in names] + ["end_header"]
     return ("\n".join(header) + "\n").encode("ascii") + data.tobytes()
 
@@ -55,3 +61,9 @@ def read_ply(data: bytes) -> dict[str, np.ndarray]:
     names = [ln.split()[2] for ln in lines if ln.startswith("property float")]
     arr = np.frombuffer(data[end:], dtype="<f4").reshape(n, len(names))
     return {name: arr[:, i] for i, name in enumerate(names)}
+
+
+def ply_antialiased(data: bytes) -> bool:
+    """Whether a PLY written by ply_bytes carries the antialiasing comment."""
+    head = data[: data.index(b"end_header\n")].decode("ascii")
+    return "comment antialiased 1" in head.splitlines()

@@ -108,6 +108,7 @@ class SplatTrainer:
         self.step = 0
         self.train_s = 0.0
         self.degree = int(config["sh_degree"])
+        self.antialiased = bool(config.get("antialiased", False))
         self.params = {k: v.to(device) for k, v in self._init(dataset_dir).items()}
         self._make_optimizer()
         self._reset_stats()
@@ -207,6 +208,7 @@ class SplatTrainer:
             "schedule_step": self.sched,
             "counts": self.counts,
             "sh_degree": self.degree,
+            "antialiased": self.antialiased,  # renderers and exported files follow it
             "active_degree": self.active_degree(),
             "normalization": self.meta["normalization"],
             "world_up": self.meta.get("world_up"),
@@ -254,7 +256,7 @@ class SplatTrainer:
         cam = self.images.cams[i]
         bg = self._background()
         target = composite_background(self.images.rgba[i].to(self.device), bg)
-        out = gm.render(self.params, cam, bg, self.active_degree(), c["method"])
+        out = gm.render(self.params, cam, bg, self.active_degree(), c["method"], self.antialiased)
         keep = self.images.keep[i]
         if keep is not None:  # masked pixels take the render's own colour: no gradient from them
             target = torch.where(keep.to(self.device)[..., None], target, out.rgb.detach())
