@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 
 PR_SET_PDEATHSIG = 1
@@ -20,3 +21,23 @@ def set_parent_death_signal(sig: int = signal.SIGTERM, expected_parent: int | No
         return
     if expected_parent is not None and os.getppid() != expected_parent:
         os.kill(os.getpid(), sig)
+
+
+# Environment variables only the API uses: workers and the children that parse uploads run
+# without them (a worker needs its broker, never a client's key).
+API_ONLY_ENV = ("API_KEYS", "API_KEYS_FILE", "KEY_ID_SECRET")
+# Anything that looks like a credential, for children that need none at all.
+_CREDENTIAL = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|_URL$", re.IGNORECASE)
+
+
+def worker_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default os.environ) without the API's own secrets (API_ONLY_ENV)."""
+    env = dict(os.environ if env is None else env)
+    return {k: v for k, v in env.items() if k.upper() not in API_ONLY_ENV}
+
+
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default os.environ) without anything that looks like a credential or a service URL:
+    for children that parse hostile input (upload inspection, the COLMAP reader)."""
+    env = dict(os.environ if env is None else env)
+    return {k: v for k, v in env.items() if not _CREDENTIAL.search(k)}

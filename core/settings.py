@@ -35,6 +35,13 @@ class Settings(BaseSettings):
     max_compression_ratio: float = Field(
         200.0, gt=1, description="extracted / compressed size of an archive or member (413)"
     )
+    # The child process that inspects each upload (service/intake/sandbox.py).
+    intake_memory_mb: float = Field(
+        4096, gt=0, description="address space of the process inspecting one upload (422 past it)"
+    )
+    intake_timeout_s: float = Field(
+        600, gt=0, description="CPU and wall time to inspect one upload (422 past it)"
+    )
     train_long_side: int = Field(
         800,
         ge=16,

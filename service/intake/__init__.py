@@ -1,4 +1,5 @@
-"""Upload validation, one module per job kind. Runs in the API process: no torch."""
+"""Upload validation, one module per job kind. No torch; runs in the limited intake child process
+(service/intake/sandbox.py), never in the API's own."""
 
 
 class IntakeError(Exception):

@@ -1,9 +1,13 @@
 """Safe extraction of uploaded .zip / .tar / .tar.gz archives into a job folder.
 
-Runs in the API process (no torch). Every archive is treated as hostile: names are checked
-before anything is written, only regular files and folders are created, and the size limits
-are checked twice: once from the headers (cheap, rejects honest-but-too-big archives before
-any work) and again while streaming (headers can lie, so the bytes actually written count).
+Runs in the intake child process (service/intake/sandbox.py), never in the API's own: only
+`zip_entry_count` (the end record alone) runs there. Every archive is treated as hostile: names
+are checked before anything is written, only regular files and folders are created, folders
+count as entries whether listed or implied by a file's path, tar's pax and GNU long-name headers
+are capped before tarfile reads them, a zip's central directory is walked record by record up to
+MAX_ARCHIVE_ENTRIES before zipfile parses it whole, and the size limits are checked twice: once
+from the headers (cheap, rejects honest-but-too-big archives before any work) and again while
+streaming (headers can lie, so the bytes actually written count).
 """
 
 from __future__ import annotations
@@ -21,6 +25,16 @@ from typing import BinaryIO
 from service.intake import IntakeError
 
 CHUNK = 1 << 20
+# A pax or GNU long-name header holds a path and a few attributes (PATH_MAX is 4096); tarfile
+# reads one whole into memory, so a declared size past this is a bomb, not a name.
+MAX_TAR_META_BYTES = 64 << 10
+TAR_META_TYPES = (
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+)
 # What the stdlib readers raise on damaged input (zlib.error escapes zipfile and gzip unwrapped).
 CORRUPT = (
     zipfile.BadZipFile,
@@ -68,6 +82,68 @@ def detect_kind(path: Path) -> str | None:
     return None
 
 
+def zip_entry_count(path: Path) -> int | None:
+    """Entries a zip's end record declares (zip64 included), read from the file's last 64 KiB
+    without parsing the central directory; None when there is no end record."""
+    with open(path, "rb") as fh:
+        try:
+            # The stdlib's own end-record reader: stable since Python 2, private in name only.
+            end = zipfile._EndRecData(fh)
+        except OSError:
+            return None
+    return None if not end else int(end[zipfile._ECD_ENTRIES_TOTAL])
+
+
+def _walk_central_directory(fh: BinaryIO, max_entries: int) -> int:
+    """Count the central directory's records one header at a time, as zipfile would read them
+    (its start found the same way), stopping past `max_entries`: zipfile itself reads the whole
+    directory into memory and builds every ZipInfo before anyone can count them."""
+    end = zipfile._EndRecData(fh)
+    if not end:
+        raise zipfile.BadZipFile("File is not a zip file")
+    size_cd, offset_cd = end[zipfile._ECD_SIZE], end[zipfile._ECD_OFFSET]
+    start = end[zipfile._ECD_LOCATION] - size_cd
+    if end[zipfile._ECD_SIGNATURE] == zipfile.stringEndArchive64:
+        start -= zipfile.sizeEndCentDir64 + zipfile.sizeEndCentDir64Locator
+    if start < 0 or offset_cd < 0:
+        raise zipfile.BadZipFile("Bad offset for central directory")
+    pos, count = 0, 0
+    while pos < size_cd:
+        count += 1
+        if count > max_entries:
+            raise IntakeError(
+                413, f"archive has more than {max_entries} entries (MAX_ARCHIVE_ENTRIES)"
+            )
+        fh.seek(start + pos)
+        head = fh.read(zipfile.sizeCentralDir)
+        if len(head) != zipfile.sizeCentralDir:
+            raise zipfile.BadZipFile("Truncated central directory")
+        rec = struct.unpack(zipfile.structCentralDir, head)
+        if rec[zipfile._CD_SIGNATURE] != zipfile.stringCentralDir:
+            raise zipfile.BadZipFile("Bad magic number for central directory")
+        pos += (
+            zipfile.sizeCentralDir
+            + rec[zipfile._CD_FILENAME_LENGTH]
+            + rec[zipfile._CD_EXTRA_FIELD_LENGTH]
+            + rec[zipfile._CD_COMMENT_LENGTH]
+        )
+    return count
+
+
+class _CappedTarInfo(tarfile.TarInfo):
+    """Refuses a pax or GNU long-name header whose declared size is a bomb before tarfile reads
+    it (it reads one whole, then copies it while parsing: a 1.5 GB pax record cost ~8 GB)."""
+
+    def _proc_member(self, tarfile_):
+        if self.type in TAR_META_TYPES and self.size > MAX_TAR_META_BYTES:
+            raise IntakeError(
+                413,
+                f"archive has a {self.size}-byte extended (pax / long name) header; names and "
+                f"attributes fit in {MAX_TAR_META_BYTES} bytes",
+            )
+        return super()._proc_member(tarfile_)
+
+
 def safe_member_path(name: str) -> PurePosixPath | None:
     """The relative path an entry may be written to, None for an entry that names the root.
 
@@ -95,14 +171,28 @@ class _Budget:
         self.archive_bytes = max(archive_bytes, 1)
         self.entries = 0
         self.written = 0
+        self.folders: set[PurePosixPath] = set()
 
     def entry(self) -> None:
         self.entries += 1
         if self.entries > self.limits.max_entries:
             raise IntakeError(
                 413,
-                f"archive has more than {self.limits.max_entries} entries (MAX_ARCHIVE_ENTRIES)",
+                f"archive has more than {self.limits.max_entries} entries, counting the folders "
+                "its paths create (MAX_ARCHIVE_ENTRIES)",
             )
+
+    def folders_of(self, rel: PurePosixPath, is_dir: bool) -> None:
+        """Count every folder `rel` creates, listed or implied by a deeper path, as an entry:
+        deep paths otherwise make millions of folders that no byte count sees."""
+        chain = [rel] if is_dir else []
+        chain += [p for p in rel.parents if p != PurePosixPath(".")]
+        for folder in chain:
+            if folder in self.folders:
+                break  # its parents were counted with it
+            self.folders.add(folder)
+            if folder != rel:  # a listed folder was counted as its own entry
+                self.entry()
 
     def declare(self, total: int) -> None:
         if total > self.limits.max_total_bytes:
@@ -172,7 +262,11 @@ def _prepare(dest: Path, rel: PurePosixPath, name: str, is_dir: bool) -> Path:
 
 def _extract_zip(src: Path, dest: Path, limits: ArchiveLimits) -> list[PurePosixPath]:
     try:
+        with open(src, "rb") as fh:
+            _walk_central_directory(fh, limits.max_entries)
         zf = zipfile.ZipFile(src)
+    except IntakeError:
+        raise
     except CORRUPT as exc:
         raise IntakeError(400, f"not a readable zip archive: {exc}") from None
     budget = _Budget(limits, src.stat().st_size)
@@ -203,6 +297,7 @@ def _extract_zip(src: Path, dest: Path, limits: ArchiveLimits) -> list[PurePosix
             budget.entry()
             if rel is None:
                 continue
+            budget.folders_of(rel, info.is_dir())
             target = _prepare(dest, rel, info.filename, info.is_dir())
             if info.is_dir():
                 continue
@@ -225,7 +320,7 @@ def _extract_tar(src: Path, dest: Path, limits: ArchiveLimits) -> list[PurePosix
     try:
         # Streaming mode ("r|*"): headers are read one at a time, so a huge member count or a
         # compressed bomb is stopped by the budget instead of being indexed first.
-        with tarfile.open(src, mode="r|*") as tf:
+        with tarfile.open(src, mode="r|*", tarinfo=_CappedTarInfo) as tf:
             for member in tf:
                 budget.entry()
                 rel = safe_member_path(member.name)
@@ -243,6 +338,7 @@ def _extract_tar(src: Path, dest: Path, limits: ArchiveLimits) -> list[PurePosix
                     budget.declare(budget.written + member.size)
                 if rel is None:
                     continue
+                budget.folders_of(rel, member.isdir())
                 target = _prepare(dest, rel, member.name, member.isdir())
                 if member.isdir():
                     continue

@@ -1,7 +1,7 @@
 """Uploads without camera poses for the scene kinds: a video, or an archive of plain photos.
 
-The API only checks what is cheap (the photos' headers and container integrity; the video's
-container, frame count and first frame) and leaves the capture in `<job>/capture/` with a
+The intake child (service/intake/sandbox.py) only checks what is cheap (the photos' headers and
+container integrity; the video's frame size, container, frame count and first frame) and leaves the capture in `<job>/capture/` with a
 `capture.json` manifest; structure from motion runs later on the `preprocess` queue
 (worker/sfm/stage.py), which writes the normal-form dataset. The job's `dataset` says
 `"sfm": "pending"` until then, which is also how the API knows to send the job there.
@@ -103,9 +103,19 @@ def accept_images(root: Path, filename: str, job_dir: Path, settings) -> dict[st
     return _summary(filename, "images", n_images=len(files))
 
 
+def _check_frame_pixels(w: int, h: int, max_pixels: int) -> None:
+    if w * h > max_pixels:
+        raise IntakeError(
+            422,
+            f"the video is {w}x{h} = {w * h} pixels per frame, over the limit of {max_pixels} "
+            "(MAX_IMAGE_PIXELS)",
+        )
+
+
 def probe_video(path: Path, max_pixels: int) -> dict[str, Any]:
-    """Frame count (packets demuxed, none decoded), size and the first frame decoded; 422 with a
-    readable reason for anything SfM could not use."""
+    """Frame size from the stream header (checked before anything decodes), frame count (packets
+    demuxed, none decoded), then the first frame decoded; 422 with a readable reason for
+    anything SfM could not use."""
     import av
 
     try:
@@ -113,6 +123,7 @@ def probe_video(path: Path, max_pixels: int) -> dict[str, Any]:
             if not container.streams.video:
                 raise IntakeError(422, "the video file has no video stream")
             stream = container.streams.video[0]
+            _check_frame_pixels(stream.codec_context.width, stream.codec_context.height, max_pixels)
             n = sum(1 for pkt in container.demux(stream) if pkt.size)
         if n < MIN_VIDEO_FRAMES:
             raise IntakeError(
@@ -128,12 +139,7 @@ def probe_video(path: Path, max_pixels: int) -> dict[str, Any]:
         ) from None
     if frame is None:
         raise IntakeError(422, "the video's first frame could not be decoded")
-    if frame.width * frame.height > max_pixels:
-        raise IntakeError(
-            422,
-            f"the video is {frame.width}x{frame.height} = {frame.width * frame.height} pixels "
-            f"per frame, over the limit of {max_pixels} (MAX_IMAGE_PIXELS)",
-        )
+    _check_frame_pixels(frame.width, frame.height, max_pixels)  # the header may have lied
     return {"n_video_frames": n, "width": frame.width, "height": frame.height}
 
 

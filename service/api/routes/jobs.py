@@ -31,6 +31,7 @@ from service.api.multipart import boundary_of, read_form
 from service.auth import ApiKey
 from service.intake import IntakeError
 from service.intake.registry import KINDS, available_kinds, get_kind
+from service.intake.sandbox import run_intake
 from service.queue import TaskQueue
 from service.quotas import QuotaExceeded
 
@@ -117,10 +118,10 @@ UPLOAD_BODY = {
 def _finish_intake(
     spec, cfg: dict, upload, job_id: str, paths, store: JobStore, settings: Settings
 ) -> Job:
-    result = spec.intake.validate_upload(
-        upload.path, upload.filename or upload.path.name, cfg, paths.root, settings
+    # Parsing the upload happens in a limited child process, never in this one.
+    effective, info = run_intake(
+        spec.name, upload.path, upload.filename or upload.path.name, cfg, paths.root, settings
     )
-    effective, info = result if isinstance(result, tuple) else (result, {})
     shutil.rmtree(paths.upload, ignore_errors=True)
     return store.create(job_id, spec.name, effective, info)
 

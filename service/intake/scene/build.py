@@ -17,7 +17,7 @@ from core.settings import get_settings
 from service.intake import IntakeError, unposed
 from service.intake.archive import extract_archive, limits_from_settings
 from service.intake.scene.formats import parse_dataset
-from service.intake.scene.images import inspect_image, resolve_intrinsics
+from service.intake.scene.images import ImageInfo, inspect_image, resolve_intrinsics
 
 
 def effective_config(model: type[BaseModel], config: dict[str, Any] | None) -> BaseModel:
@@ -30,9 +30,16 @@ def build_dataset(
     root: Path, out_dir: Path, work_dir: Path, cfg: BaseModel, settings, keep_points: bool
 ) -> dict:
     """Parse and check the extracted upload at `root`; write the normal form to `out_dir`."""
-    parsed = parse_dataset(root, work_dir)
+    parsed = parse_dataset(root, work_dir, settings.max_archive_entries)
     frames = parsed.frames
-    infos = [inspect_image(f.image, f.name, settings.max_image_pixels) for f in frames]
+    # A photo that several frames name is inspected once (WebP/HEIF/AVIF checks decode it).
+    seen: dict[Path, ImageInfo] = {}
+    infos = []
+    for f in frames:
+        key = f.image.resolve()
+        if key not in seen:
+            seen[key] = inspect_image(f.image, f.name, settings.max_image_pixels)
+        infos.append(seen[key])
     sizes = {(i.w, i.h) for f, i in zip(frames, infos) if not f.own_intrinsics}
     if len(sizes) > 1:
         raise IntakeError(
@@ -42,9 +49,9 @@ def build_dataset(
             + ") but the cameras share one set of intrinsics; give per-frame intrinsics "
             "(fl_x, fl_y, cx, cy, w, h) or resize the images",
         )
-    for f in frames:
-        if f.mask is not None:
-            inspect_image(f.mask, str(f.mask.relative_to(root)), settings.max_image_pixels)
+    masks = {f.mask.resolve(): f.mask for f in frames if f.mask is not None}
+    for mask in masks.values():
+        inspect_image(mask, str(mask.relative_to(root)), settings.max_image_pixels)
     scene = [
         SceneFrame(
             image=f.image,

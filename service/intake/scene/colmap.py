@@ -9,7 +9,6 @@ child.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from core.process import child_env
 from service.intake import IntakeError
 
 CHILD_MEMORY_BYTES = 4 << 30
@@ -61,7 +61,7 @@ def read_model(model_dir: Path, work_dir: Path, where: str) -> ColmapModel:
         (copy / f"points3D.{ext}").write_bytes(b"\0" * 8 if ext == "bin" else b"")
         model_dir = copy
     pkg_root = Path(__file__).resolve().parents[3]
-    env = {**os.environ, "PYTHONPATH": str(pkg_root)}
+    env = {**child_env(), "PYTHONPATH": str(pkg_root)}
     try:
         r = subprocess.run(
             [sys.executable, "-m", "service.intake.scene.colmap", str(model_dir), str(work_dir)],
@@ -141,7 +141,10 @@ def _child(model_dir: str, out_dir: str) -> None:
 
 if __name__ == "__main__":
     # Set here rather than in a preexec_fn: the API forks this from a thread pool.
-    resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY_BYTES, CHILD_MEMORY_BYTES))
+    # Under the intake child (service/intake/sandbox.py) the inherited cap may be lower already.
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = CHILD_MEMORY_BYTES if hard == resource.RLIM_INFINITY else min(hard, CHILD_MEMORY_BYTES)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     try:
         _child(sys.argv[1], sys.argv[2])
     except MemoryError:

@@ -24,6 +24,9 @@ IMAGE_EXTS = PHOTO_SUFFIXES + tuple(s.upper() for s in PHOTO_SUFFIXES)
 # transforms.json camera_model values (nerfstudio writes COLMAP's names).
 TRANSFORMS_MODELS = ("OPENCV", "PINHOLE", "SIMPLE_PINHOLE", "SIMPLE_RADIAL", FISHEYE)
 ALL_DISTORTION_KEYS = tuple(dict.fromkeys(DISTORTION_KEYS + FISHEYE_KEYS))
+# A transforms.json of 10,000 frames with per-frame intrinsics is ~10 MB; json.loads needs ~10x
+# a file's size, and a 200x compression ratio lets an 11 MB zip carry a 2 GiB one.
+MAX_POSE_FILE_BYTES = 32 << 20
 
 
 @dataclass
@@ -113,6 +116,13 @@ def _resolve_file(base: Path, rel: Any, root: Path, what: str, key: str = "file_
 
 
 def _load_json(path: Path, root: Path) -> dict:
+    size = path.stat().st_size
+    if size > MAX_POSE_FILE_BYTES:
+        raise IntakeError(
+            413,
+            f"{path.relative_to(root)} is {size} bytes, over the {MAX_POSE_FILE_BYTES}-byte "
+            "limit of a pose file",
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -199,8 +209,17 @@ def _ngp_dynamic_mask(image: Path) -> Path | None:
     return p if p.is_file() else None
 
 
+def _check_frame_count(n: int, max_frames: int, where: str) -> None:
+    if n > max_frames:
+        raise IntakeError(
+            413,
+            f"{where}: {n} frames, over the limit of {max_frames} (MAX_ARCHIVE_ENTRIES: every "
+            "frame needs its own photo)",
+        )
+
+
 def _parse_transforms(
-    path: Path, root: Path, split: str | None, blender: bool
+    path: Path, root: Path, split: str | None, blender: bool, max_frames: int
 ) -> tuple[list[RawFrame], dict]:
     """Blender and instant-ngp/nerfstudio files share one schema; ngp adds intrinsics keys."""
     data = _load_json(path, root)
@@ -208,6 +227,7 @@ def _parse_transforms(
     frames = data.get("frames")
     if not isinstance(frames, list) or not frames:
         raise IntakeError(422, f"{where}: 'frames' must be a non-empty list")
+    _check_frame_count(len(frames), max_frames, where)
     model = _camera_model(data, where)
     glob = _intrinsics_of(data, where)
     if blender and glob["fov_x"] is None and glob["fx"] is None:
@@ -269,12 +289,14 @@ def _parse_transforms(
 
 def _find_colmap_image(model_dir: Path, root: Path, name: str, what: str) -> Path:
     rel = name.replace("\\", "/")
+    # Refused from the name alone, before any lookup: whether a server path exists must not
+    # change the answer.
+    if rel.startswith("/") or ".." in rel.split("/") or (len(rel) > 1 and rel[1] == ":"):
+        raise IntakeError(422, f"{what}: image name {name!r} points outside the upload")
     d = model_dir
     while True:
         for cand in (d / "images" / rel, d / rel):
-            if cand.is_file():
-                if not _inside(cand, root):
-                    raise IntakeError(422, f"{what}: image name {name!r} points outside the upload")
+            if _inside(cand, root) and cand.is_file():
                 return cand
         if d == root or d.parent == d:
             break
@@ -296,9 +318,10 @@ def _colmap_model_dir(root: Path) -> Path | None:
     return min(dirs, key=lambda p: (len(p.relative_to(root).parts), str(p))) if dirs else None
 
 
-def _parse_colmap(model_dir: Path, root: Path, work_dir: Path) -> Parsed:
+def _parse_colmap(model_dir: Path, root: Path, work_dir: Path, max_frames: int) -> Parsed:
     where = str(model_dir.relative_to(root)) or "the upload's top folder"
     model = colmap.read_model(model_dir, work_dir, where)
+    _check_frame_count(len(model.images), max_frames, where)
     for cid, cam in model.cameras.items():
         if cam["model"] not in colmap.MODELS:
             raise IntakeError(
@@ -344,29 +367,30 @@ def _parse_colmap(model_dir: Path, root: Path, work_dir: Path) -> Parsed:
 # --------------------------------------------------------------------------- entry point
 
 
-def parse_dataset(root: Path, work_dir: Path) -> Parsed:
+def parse_dataset(root: Path, work_dir: Path, max_frames: int = 10_000) -> Parsed:
     """Find the pose files under `root` (an extracted upload) and read them into RawFrames;
-    `work_dir` is scratch space outside `root` (removed by the caller)."""
+    `work_dir` is scratch space outside `root` (removed by the caller). More than `max_frames`
+    frames (all splits together) is a 413."""
     root = root.resolve()
     train = shallowest(root, "transforms_train.json")
     if train is not None:
-        frames, extras = _parse_transforms(train, root, None, blender=True)
+        frames, extras = _parse_transforms(train, root, None, True, max_frames)
         test = train.parent / "transforms_test.json"
         val = train.parent / "transforms_val.json"
         if test.is_file():
             for f in frames:
                 f.split = "train"
-            frames += _parse_transforms(test, root, "test", blender=True)[0]
+            frames += _parse_transforms(test, root, "test", True, max_frames - len(frames))[0]
             if val.is_file():
-                frames += _parse_transforms(val, root, "val", blender=True)[0]
+                frames += _parse_transforms(val, root, "val", True, max_frames - len(frames))[0]
         return Parsed(frames, "blender", extras["scale"], extras["offset"], extras["aabb_scale"])
     ngp = shallowest(root, "transforms.json")
     if ngp is not None:
-        frames, extras = _parse_transforms(ngp, root, None, blender=False)
+        frames, extras = _parse_transforms(ngp, root, None, False, max_frames)
         return Parsed(frames, "ngp", extras["scale"], extras["offset"], extras["aabb_scale"])
     model_dir = _colmap_model_dir(root)
     if model_dir is not None:
-        return _parse_colmap(model_dir, root, work_dir)
+        return _parse_colmap(model_dir, root, work_dir, max_frames)
     raise IntakeError(
         422,
         "no camera poses found: expected transforms_train.json (Blender), transforms.json "
