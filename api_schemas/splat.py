@@ -66,7 +66,26 @@ class SplatConfig(TrainingImages):
         description="reset opacities to <= 0.01 every this many schedule steps while densifying; "
         "large splats are pruned only after the first",
     )
-    max_gaussians: int = Field(300_000, ge=1, le=10_000_000)
+    max_gaussians: int = Field(
+        300_000, ge=1, le=10_000_000, description="strategy default: the most Gaussians"
+    )
+
+    # MCMC (3DGS as Markov chain Monte Carlo, gsplat's MCMCStrategy): every densify_every steps
+    # of the densify window, dead Gaussians (opacity <= prune_opacity) are relocated onto live
+    # ones and 5 % more are added until cap_max; no clone/split, pruning or opacity resets.
+    strategy: Literal["default", "mcmc"] = Field(
+        "default",
+        description="default: 3DGS clone/split/prune and opacity resets; mcmc: relocation with a "
+        "hard cap (cap_max), so memory and render time are known up front",
+    )
+    cap_max: int = Field(
+        50_000, ge=1, le=10_000_000, description="mcmc: the number of Gaussians it grows to"
+    )
+    mcmc_noise_lr: float = Field(
+        5e5, ge=0, description="mcmc: position noise scale, times the means' learning rate"
+    )
+    mcmc_opacity_reg: float = Field(0.01, ge=0, description="mcmc: L1 weight on opacities")
+    mcmc_scale_reg: float = Field(0.01, ge=0, description="mcmc: L1 weight on scales")
 
     # Images and compositing
     train_resolution: int | None = Field(

@@ -26,6 +26,7 @@ from worker.memory import reuse_freed_memory
 from worker.scene.cameras import RenderCamera
 from worker.scene.dataset import Dataset, background_rgb, composite_background
 from worker.scene.metrics import psnr_from_mse
+from worker.splat import mcmc
 from worker.splat import model as gm
 from worker.splat.ssim import ssim
 
@@ -109,6 +110,8 @@ class SplatTrainer:
         self.train_s = 0.0
         self.degree = int(config["sh_degree"])
         self.antialiased = bool(config.get("antialiased", False))
+        self.mcmc = config.get("strategy", "default") == "mcmc"
+        self.binoms = mcmc.binomial_table() if self.mcmc else None
         self.params = {k: v.to(device) for k, v in self._init(dataset_dir).items()}
         self._make_optimizer()
         self._reset_stats()
@@ -117,7 +120,7 @@ class SplatTrainer:
         self.lr_horizon_s: float | None = None
         self.budget_used_s = 0.0
         self.sched = 0.0  # schedule position after the last step (see schedule_step)
-        self.counts = {"densifications": 0, "opacity_resets": 0}
+        self.counts = {"densifications": 0, "opacity_resets": 0, "relocated": 0}
 
     # -- state --------------------------------------------------------------------------------
     def _init(self, dataset_dir: Path | None):
@@ -135,7 +138,16 @@ class SplatTrainer:
             n = int(cfg["n_init_points"])
             pts = mid + (torch.rand(n, 3, generator=self.gen) * 2 - 1) * half
             cols = torch.rand(n, 3, generator=self.gen)
-        return gm.init_tensors(pts, cols, self.degree)
+        if not self.mcmc:
+            return gm.init_tensors(pts, cols, self.degree)
+        cap = int(cfg["cap_max"])
+        if pts.shape[0] > cap:  # the cap holds from the start
+            pick = torch.randperm(pts.shape[0], generator=self.gen)[:cap]
+            pts, cols = pts[pick], cols[pick]
+        # gsplat's MCMC start: opacity 0.5, a tenth of the neighbour distance
+        t = gm.init_tensors(pts, cols, self.degree, opacity=0.5)
+        t["scales"] = t["scales"] + math.log(0.1)
+        return t
 
     def _lrs(self) -> dict[str, float]:
         c = self.config
@@ -262,12 +274,16 @@ class SplatTrainer:
             target = torch.where(keep.to(self.device)[..., None], target, out.rgb.detach())
         l1 = (out.rgb - target).abs().mean()
         loss = (1 - c["lambda_dssim"]) * l1 + c["lambda_dssim"] * (1 - ssim(out.rgb, target))
+        if self.mcmc:  # the paper's L1 priors: unneeded Gaussians fade out and shrink
+            loss = loss + c["mcmc_opacity_reg"] * torch.sigmoid(self.params["opacities"]).mean()
+            loss = loss + c["mcmc_scale_reg"] * torch.exp(self.params["scales"]).mean()
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         with torch.no_grad():
             mse = float(((out.rgb - target) ** 2).mean())
             if (
-                self.sched < self.densify_until
+                not self.mcmc
+                and self.sched < self.densify_until
                 and out.means2d.grad is not None
                 and out.visible.numel()
             ):
@@ -283,7 +299,9 @@ class SplatTrainer:
         self.opt.step()
         self.step += 1
         prev, self.sched = self.sched, self.schedule_step()
-        if self.sched < self.densify_until:
+        if self.mcmc:
+            self._mcmc_step(prev)
+        elif self.sched < self.densify_until:
 
             def crossed(every: int) -> bool:  # a multiple of `every` passed during this step
                 return int(self.sched // every) > int(prev // every)
@@ -301,6 +319,78 @@ class SplatTrainer:
             "n_gaussians": self.n,
             "seconds": time.perf_counter() - t0,
         }
+
+    # -- MCMC -----------------------------------------------------------------------------------
+    def _mcmc_step(self, prev: float):
+        c = self.config
+        every = int(c["densify_every"])
+        if c["densify_from"] <= self.sched < self.densify_until and int(self.sched // every) > int(
+            prev // every
+        ):
+            self.counts["relocated"] += self.relocate_dead()
+            self.add_gaussians()
+            self.counts["densifications"] += 1
+        lr = next(g["lr"] for g in self.opt.param_groups if g["name"] == "means")
+        p = self.params
+        with torch.no_grad():
+            p["means"].add_(
+                mcmc.position_noise(
+                    p["means"],
+                    p["scales"],
+                    p["quats"],
+                    p["opacities"],
+                    lr * c["mcmc_noise_lr"],
+                    self.gen,
+                )
+            )
+
+    def _sampled(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Rows of `idx` with the relocation's opacity and scale (each source split len-fold
+        among itself and its copies), written back to the sources; returns the copies' rows."""
+        c = self.config
+        p = {k: v.detach() for k, v in self.params.items()}
+        op = torch.sigmoid(p["opacities"][idx])
+        copies = torch.bincount(idx, minlength=self.n)[idx] + 1
+        new_o, new_s = mcmc.relocated(op, torch.exp(p["scales"][idx]), copies, self.binoms)
+        new_o = new_o.clamp(min=c["prune_opacity"], max=1 - torch.finfo(torch.float32).eps)
+        p["opacities"][idx] = gm.inverse_sigmoid(new_o)
+        p["scales"][idx] = torch.log(new_s)
+        for g in self.opt.param_groups:  # the sources restart their moments
+            st = self.opt.state.get(g["params"][0], {})
+            for name in ("exp_avg", "exp_avg_sq"):
+                if name in st:
+                    st[name][idx] = 0
+        return {k: p[k][idx].clone() for k in gm.NAMES}
+
+    def relocate_dead(self) -> int:
+        """Dead Gaussians (opacity <= prune_opacity) take the place of copies of live ones."""
+        with torch.no_grad():
+            op = torch.sigmoid(self.params["opacities"].detach())
+            dead = (op <= self.config["prune_opacity"]).nonzero().squeeze(1)
+            alive = (op > self.config["prune_opacity"]).nonzero().squeeze(1)
+            if not dead.numel() or not alive.numel():
+                return 0
+            src = alive[mcmc.sample_sources(op[alive], dead.numel(), self.gen)]
+            rows = self._sampled(src)
+            for g in self.opt.param_groups:
+                k = g["name"]
+                self.params[k].data[dead] = rows[k]
+                st = self.opt.state.get(g["params"][0], {})
+                for name in ("exp_avg", "exp_avg_sq"):
+                    if name in st:
+                        st[name][dead] = 0
+        return int(dead.numel())
+
+    def add_gaussians(self) -> int:
+        """5 % more Gaussians (up to cap_max), copies of ones drawn by opacity."""
+        n_new = max(0, min(int(self.config["cap_max"]), int(1.05 * self.n)) - self.n)
+        if not n_new:
+            return 0
+        with torch.no_grad():
+            op = torch.sigmoid(self.params["opacities"].detach())
+            rows = self._sampled(mcmc.sample_sources(op, n_new, self.gen))
+        self._edit(None, rows)
+        return n_new
 
     # -- densification ------------------------------------------------------------------------
     def _edit(self, keep: torch.Tensor | None, extra: dict[str, torch.Tensor] | None):
