@@ -4,6 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TORCH_VERSION ?= 2.13.0
+# Which torch build `make install` brings in: auto (a CUDA build where nvidia-smi sees a GPU,
+# else CPU wheels), cpu, or a PyTorch CUDA wheel index name (cu126, cu128, cu130).
+# TORCH_INDEX_URL takes torch from that index instead. scripts/torch_pip_args.sh decides.
+TORCH_BUILD ?= auto
+TORCH_INDEX_URL ?=
 PYTEST_ARGS ?=
 
 .PHONY: run test install system-deps clean-data
@@ -12,10 +17,15 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip
 
-# The stamp re-runs the install when pyproject.toml changes. CPU torch comes first so the
-# project's `torch>=...` requirement does not pull a multi-GB CUDA build.
+# The stamp re-runs the install when pyproject.toml changes. torch comes first, in the build
+# chosen for the host, so the project's `torch>=...` requirement does not pull PyPI's multi-GB
+# CUDA build onto a CPU host; a torch already in the venv is kept (rm -rf $(VENV) to change it).
+TORCH_PIP_ARGS = $(shell TORCH_VERSION='$(TORCH_VERSION)' TORCH_BUILD='$(TORCH_BUILD)' \
+	TORCH_INDEX_URL='$(TORCH_INDEX_URL)' PIP='$(PIP)' bash scripts/torch_pip_args.sh || echo FAIL)
+HAVE_TORCH = $(shell $(PY) -c "import torch; print(torch.__version__)" 2>/dev/null)
+
 $(VENV)/.installed: pyproject.toml | $(PY)
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "torch==$(TORCH_VERSION)"
+	$(if $(HAVE_TORCH),@echo "torch $(HAVE_TORCH) already installed",$(eval TORCH_ARGS := $(TORCH_PIP_ARGS))$(if $(filter FAIL,$(TORCH_ARGS)),@exit 2,$(PIP) install $(TORCH_ARGS)))
 	$(PIP) install -e '.[worker,dev]'
 	touch $@
 
