@@ -164,12 +164,35 @@ class Settings(BaseSettings):
         None, description="COLMAP vocabulary tree; larger photo sets match by it when set"
     )
 
+    # Webhooks (core/webhooks.py, docs/webhooks.md), sent by the train workers.
+    webhook_allow_private: bool = Field(
+        False, description="callback URLs may resolve to loopback, private or link-local addresses"
+    )
+    webhook_max_attempts: int = Field(
+        8, ge=1, le=30, description="attempts of one webhook delivery before it is given up"
+    )
+    webhook_retry_base_s: float = Field(
+        10.0, gt=0, description="attempt n+1 of a delivery waits this * 2^(n-1) s (at most 1 h)"
+    )
+    webhook_timeout_s: float = Field(
+        10.0, gt=0, description="how long one attempt waits for the receiver's answer"
+    )
+
+    # Observability (core/metrics.py, core/logs.py, docs/deploy.md).
+    metrics_token: str | None = Field(
+        None, repr=False, description="set: GET /metrics wants `Authorization: Bearer <it>`"
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="json: one JSON object per log line, with the request id"
+    )
+
     @field_validator(
         "redis_url",
         "api_keys",
         "api_keys_file",
         "sfm_vocab_tree_path",
         "lpips_model",
+        "metrics_token",
         mode="before",
     )
     @classmethod

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +19,12 @@ from typing import Any
 
 from api_schemas.jobs import Job, JobKind, JobStatus, Progress
 from core.storage import JobPaths, LocalStorage, atomic_write_json
+
+log = logging.getLogger(__name__)
+# Called with the job after each status event is logged, outside the job's lock: webhook
+# deliveries (core/webhooks.py) and metrics (core/metrics.py). One that raises is logged and
+# never fails the status write.
+StatusListener = Callable[[Job], None]
 
 
 class JobNotFound(KeyError):
@@ -29,8 +36,16 @@ def utcnow() -> datetime:
 
 
 class JobStore:
-    def __init__(self, storage: LocalStorage):
+    def __init__(self, storage: LocalStorage, listeners: Sequence[StatusListener] = ()):
         self.storage = storage
+        self.listeners = list(listeners)
+
+    def _notify(self, job: Job) -> None:
+        for listener in self.listeners:
+            try:
+                listener(job)
+            except Exception:
+                log.exception("status listener failed for job %s", job.id)
 
     # -- locking -----------------------------------------------------------------------
     @contextmanager
@@ -92,6 +107,7 @@ class JobStore:
         with self._locked(paths):
             self._write(paths, job)
             self._append_event(paths, "status", self._status_data(job))
+        self._notify(job)
         return job
 
     def update(
@@ -107,9 +123,12 @@ class JobStore:
                 return job
             new.updated_at = utcnow()
             self._write(paths, new)
-            if new.status != job.status or status_event:
+            logged = new.status != job.status or status_event
+            if logged:
                 self._append_event(paths, "status", self._status_data(new))
-            return new
+        if logged:
+            self._notify(new)
+        return new
 
     def set_status(
         self,

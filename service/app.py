@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute, iter_route_contexts
 
 import service.api.routes as routes_pkg
+from core import webhooks
 from core.settings import Settings, get_settings
 from core.storage import get_storage
 from core.store import JobStore
@@ -132,7 +133,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     storage.ensure()
     app.state.settings = settings
     app.state.storage = storage
-    app.state.store = JobStore(storage)
+    app.state.store = JobStore(storage, listeners=[webhooks.status_recorder(storage)])
     app.state.queue = TaskQueue(make_client(settings), settings)
     app.state.quotas = Quotas(storage, app.state.store, settings)
     app.state.quotas.index.build_once()

@@ -21,7 +21,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
 from api_schemas.jobs import JobStatus
-from core import path_jobs
+from core import path_jobs, webhooks
 from core.celery_config import (
     PREPROCESS_QUEUE,
     TASK_EXPORT,
@@ -34,6 +34,7 @@ from core.process import set_parent_death_signal
 from core.settings import get_settings
 from core.storage import get_storage
 from core.store import JobNotFound, JobStore
+from core.webhook_sender import start_sender
 from worker.app import app, limit_torch_threads
 from worker.checkpoints import Checkpoint, CheckpointManager
 from worker.jobs import (
@@ -75,7 +76,8 @@ _warm_up()
 
 
 def _store() -> JobStore:
-    return JobStore(get_storage(get_settings()))
+    storage = get_storage(get_settings())
+    return JobStore(storage, listeners=[webhooks.status_recorder(storage)])
 
 
 def _short_error(exc: BaseException) -> str:
@@ -411,6 +413,7 @@ def _on_worker_ready(sender=None, **_):
         except Exception:
             log.exception("could not check for orphaned trainings")
         start_reaper(app, _store, get_settings())
+        start_sender(get_storage(get_settings()), get_settings())
 
 
 # -- rendering -----------------------------------------------------------------------------
@@ -512,7 +515,9 @@ def export(job_id: str, export_id: str) -> None:
     # simply runs the export again.
     from worker.exports import execute
 
-    execute(_store(), job_id, export_id, _checkpoint)
+    store = _store()
+    execute(store, job_id, export_id, _checkpoint)
+    webhooks.record_export(store.storage, job_id, export_id)
 
 
 PATH_JOB_REPORT_S = 0.5  # frames_done is rewritten at most this often

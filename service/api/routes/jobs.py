@@ -34,6 +34,7 @@ from service.intake.registry import KINDS, available_kinds, get_kind
 from service.intake.sandbox import run_intake
 from service.queue import TaskQueue
 from service.quotas import QuotaExceeded
+from service.webhooks import admit_callback
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=GUARDS)
@@ -107,6 +108,11 @@ UPLOAD_BODY = {
                             "type": "string",
                             "description": "JSON object; omitted keys take defaults",
                         },
+                        "callback_url": {
+                            "type": "string",
+                            "description": "http(s) URL that gets the job's signed webhook "
+                            "events (docs/webhooks.md); default: the key's (PUT /v1/webhook)",
+                        },
                     },
                 }
             }
@@ -179,6 +185,9 @@ async def create_job(
             )
         cfg = _parse_config(spec, form.fields.get("config"))
         _check_budget(cfg, settings)
+        callback = (form.fields.get("callback_url") or "").strip()
+        if callback:
+            await run_in_threadpool(admit_callback, callback, key, paths, storage, settings)
         upload = next((f for f in form.files if f.field == "dataset"), None)
         if upload is None:
             raise IntakeError(422, "form field `dataset` (a file) is required")

@@ -1,0 +1,179 @@
+"""Sends the logged webhook deliveries (core/webhooks.py): a thread in each train worker's main
+process, never in a pool process, so a slow receiver holds up no training and no request.
+
+Each round lists `DATA_DIR/webhooks/pending/` and hands every marked job to a small thread pool.
+A job's deliveries go out one at a time, in event order, under an flock (several workers may
+run senders; one of them sends a given job). A failed attempt is retried after
+WEBHOOK_RETRY_BASE_S * 2^(n-1) seconds, up to WEBHOOK_MAX_ATTEMPTS, and later events of that job
+wait behind it, so a receiver never sees `succeeded` before `running`. The URL is resolved and
+checked again before each attempt, and the request goes to the address that was checked (a DNS
+answer that changes between check and connect cannot point it at a private address)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+
+import httpx
+
+from api_schemas.webhooks import DeliveryStatus, WebhookAttempt, WebhookDelivery
+from core import webhooks
+from core.settings import Settings
+from core.storage import LocalStorage, parse_job_id
+
+log = logging.getLogger(__name__)
+POLL_S = 0.25
+SENDERS = 4  # jobs delivered at once per worker
+MAX_RETRY_DELAY_S = 3600.0
+USER_AGENT = "nf-webhooks/1"
+
+
+def retry_delay(settings: Settings, attempts: int) -> float:
+    """Seconds between attempt `attempts` and the next one."""
+    return min(settings.webhook_retry_base_s * 2 ** (attempts - 1), MAX_RETRY_DELAY_S)
+
+
+def attempt(delivery: WebhookDelivery, secret: str | None, settings: Settings) -> WebhookAttempt:
+    """One POST of the delivery's event; never raises."""
+    at, t0 = datetime.now(UTC), time.monotonic()
+
+    def result(status_code: int | None = None, error: str | None = None) -> WebhookAttempt:
+        ms = round((time.monotonic() - t0) * 1000, 1)
+        return WebhookAttempt(at=at, status_code=status_code, error=error, duration_ms=ms)
+
+    if not secret:
+        return result(error="the key has no signing secret (POST /v1/webhook/secret)")
+    try:
+        url, ips = webhooks.check_url(delivery.url, settings.webhook_allow_private)
+    except webhooks.WebhookURLError as exc:
+        return result(error=f"refused: {exc}")
+    body = delivery.event.model_dump_json().encode()
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "Host": url.netloc.decode("ascii"),
+        webhooks.SIGNATURE_HEADER: webhooks.signature(secret, int(time.time()), body),
+        webhooks.EVENT_HEADER: delivery.event.id,
+    }
+    # Connect to the address just checked; TLS still verifies the certificate for the name.
+    extensions = {"sni_hostname": url.host} if url.scheme == "https" else {}
+    try:
+        with httpx.Client(
+            timeout=settings.webhook_timeout_s, follow_redirects=False, trust_env=False
+        ) as client:
+            with client.stream(
+                "POST",
+                url.copy_with(host=ips[0]),
+                content=body,
+                headers=headers,
+                extensions=extensions,
+            ) as r:
+                if 200 <= r.status_code < 300:
+                    return result(r.status_code)
+                return result(r.status_code, f"HTTP {r.status_code}")
+    except httpx.HTTPError as exc:
+        return result(error=f"{type(exc).__name__}: {exc}"[:300])
+
+
+def send_job(storage: LocalStorage, job_id: str, settings: Settings) -> None:
+    """Deliver what is due for one job, in order; stop at the first delivery that must wait."""
+    paths = storage.paths(job_id)
+    marker = webhooks.pending_dir(storage) / job_id
+    folder = webhooks.webhooks_dir(paths)
+    if not folder.is_dir():
+        marker.unlink(missing_ok=True)  # the job was deleted
+        return
+    with webhooks.flock(folder / ".send.lock", blocking=False) as mine:
+        if not mine:
+            return
+        # Unmarked first: an event logged from here on marks the job again.
+        marker.unlink(missing_ok=True)
+        kid = webhooks.owner_key(paths)
+        for path in webhooks.record_files(paths):
+            try:
+                delivery = webhooks.read_record(path)
+            except (FileNotFoundError, ValueError):
+                continue
+            if delivery.status != DeliveryStatus.pending:
+                continue
+            now = datetime.now(UTC)
+            if delivery.next_attempt_at is not None and delivery.next_attempt_at > now:
+                webhooks.mark_pending(storage, job_id)
+                return
+            secret = webhooks.key_settings(storage, kid)["secret"] if kid else None
+            result = attempt(delivery, secret, settings)
+            delivery.attempts.append(result)
+            n = len(delivery.attempts)
+            if result.error is None:
+                delivery.status, delivery.next_attempt_at = DeliveryStatus.delivered, None
+            elif n >= settings.webhook_max_attempts:
+                delivery.status, delivery.next_attempt_at = DeliveryStatus.failed, None
+                log.warning(
+                    "webhook %s of job %s failed after %d attempts: %s",
+                    delivery.id,
+                    job_id,
+                    n,
+                    result.error,
+                )
+            else:
+                delivery.next_attempt_at = datetime.now(UTC) + timedelta(
+                    seconds=retry_delay(settings, n)
+                )
+            webhooks.write_record(path, delivery)
+            if delivery.status == DeliveryStatus.pending:
+                webhooks.mark_pending(storage, job_id)
+                return
+
+
+class Sender:
+    def __init__(self, storage: LocalStorage, settings: Settings):
+        self.storage, self.settings = storage, settings
+        self.pool = ThreadPoolExecutor(SENDERS, thread_name_prefix="nf-webhook")
+        self.busy: set[str] = set()
+        self.lock = threading.Lock()
+
+    def _run(self, job_id: str) -> None:
+        try:
+            send_job(self.storage, job_id, self.settings)
+        except Exception:
+            log.exception("webhook delivery for job %s failed", job_id)
+        finally:
+            with self.lock:
+                self.busy.discard(job_id)
+
+    def round(self) -> None:
+        folder = webhooks.pending_dir(self.storage)
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            return
+        for name in names:
+            try:
+                job_id = parse_job_id(name)
+            except ValueError:
+                continue
+            with self.lock:
+                if job_id in self.busy:
+                    continue
+                self.busy.add(job_id)
+            self.pool.submit(self._run, job_id)
+
+    def loop(self) -> None:
+        while True:
+            try:
+                self.round()
+            except Exception:
+                log.exception("webhook sender round failed")
+            time.sleep(POLL_S)
+
+
+def start_sender(storage: LocalStorage, settings: Settings) -> threading.Thread:
+    thread = threading.Thread(
+        target=Sender(storage, settings).loop, name="nf-webhook-sender", daemon=True
+    )
+    thread.start()
+    return thread

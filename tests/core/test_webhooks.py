@@ -1,0 +1,64 @@
+"""The webhook log and sender without the stack: the send-time address check (a name that
+resolves elsewhere after submission) and the signature a receiver verifies."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from api_schemas.webhooks import WebhookEventType
+from core import webhooks
+from core.settings import Settings
+from core.storage import LocalStorage
+from core.webhook_sender import send_job
+
+
+def test_send_time_check_refuses_a_url_that_now_resolves_to_loopback(tmp_path):
+    hits = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            hits.append(self.path)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        storage = LocalStorage(tmp_path)
+        job_id, paths = storage.new_job_dir()
+        (paths.root / "owner").write_text("k-test")
+        webhooks.save_key_settings(storage, "k-test", None, webhooks.new_secret())
+        # Accepted when it was submitted (say, a public address then); loopback at send time.
+        webhooks.set_job_url(paths, f"http://localhost:{server.server_address[1]}/hook")
+        webhooks.record_event(storage, job_id, WebhookEventType.job_status, {"status": "queued"})
+        settings = Settings(data_dir=tmp_path, webhook_retry_base_s=0.01, webhook_max_attempts=2)
+        send_job(storage, job_id, settings)
+        (d,) = webhooks.deliveries(paths)
+        assert d.status == "pending" and len(d.attempts) == 1
+        assert d.attempts[0].error.startswith("refused:") and "loopback" in d.attempts[0].error
+        # The operator allows private addresses: the same delivery goes out, signed.
+        allowed = settings.model_copy(update={"webhook_allow_private": True})
+        d.next_attempt_at = None
+        webhooks.write_record(webhooks.record_files(paths)[0], d)
+        send_job(storage, job_id, allowed)
+        (d,) = webhooks.deliveries(paths)
+        assert d.status == "delivered" and [a.status_code for a in d.attempts] == [None, 204]
+        assert hits == ["/hook"]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_signature_verifies_only_the_same_body_secret_and_recent_time():
+    body = b'{"id":"x.1"}'
+    header = webhooks.signature("whsec_a", 1_000_000, body)
+    assert header.startswith("t=1000000,v1=")
+    assert webhooks.verify("whsec_a", header, body, now=1_000_100)
+    assert not webhooks.verify("whsec_b", header, body, now=1_000_100)
+    assert not webhooks.verify("whsec_a", header, body + b" ", now=1_000_100)
+    assert not webhooks.verify("whsec_a", header, body, now=1_000_000 + 301)  # replayed later
+    assert not webhooks.verify("whsec_a", "v1=abc", body)
