@@ -35,6 +35,43 @@ def use_dev_key_if_none() -> bool:
     return True
 
 
+# The long side scene photos train at when the embedded worker trains on the CPU and
+# TRAIN_LONG_SIDE is not set: a quarter of the GPU default's pixels (core/settings.py).
+CPU_TRAIN_LONG_SIDE = 400
+
+
+def worker_device_type() -> str:
+    """'cpu' or 'cuda': what the embedded worker trains on (DEVICE, else whether its torch sees a
+    GPU). Asked of a child Python, since this process never imports torch."""
+    device = os.environ.get("DEVICE", "").strip()
+    if device:
+        return device.split(":")[0]
+    probe = "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')"
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "cpu"
+    return r.stdout.strip() or "cpu"
+
+
+def use_cpu_defaults_if_cpu() -> bool:
+    """On a CPU host `make run` trains scenes at CPU_TRAIN_LONG_SIDE unless TRAIN_LONG_SIDE is set:
+    the API (which downsizes uploads) and the worker read it from the environment."""
+    if os.environ.get("TRAIN_LONG_SIDE") or worker_device_type() != "cpu":
+        return False
+    os.environ["TRAIN_LONG_SIDE"] = str(CPU_TRAIN_LONG_SIDE)
+    get_settings.cache_clear()
+    print(
+        f"worker on the CPU: scene photos train at a {CPU_TRAIN_LONG_SIDE}-pixel long side "
+        f"(TRAIN_LONG_SIDE=800 for the GPU default)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return True
+
+
 def worker_command(queues: str = "train,render,preprocess", concurrency: int = 2) -> list[str]:
     return [
         sys.executable,
@@ -56,6 +93,7 @@ def worker_command(queues: str = "train,render,preprocess", concurrency: int = 2
 
 def main() -> int:
     use_dev_key_if_none()
+    use_cpu_defaults_if_cpu()
     settings = get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "DATA_DIR": str(settings.data_dir.resolve())}
