@@ -1,19 +1,28 @@
 """A training job's wall-time budget: training steps, test-curve points, checkpoint writes and the
 final evaluation all count against `time_limit_s` (or the device's default when a job sets none).
 
-Training stops early enough to leave room for the final evaluation (estimated from what the
-curve points measured, at most EVAL_SHARE of the budget); the evaluation then starts no frame it
-expects to finish later than the budget plus the allowance.
+Where the rest goes, so that training gets most of it: curve points render a fixed pixel
+subsample of the test views and take at most CURVE_SHARE of the training time; checkpoint writes
+at most worker.checkpoints.MAX_SHARE of the time between them; the final evaluation scores every
+test view within what is left after training (at most EVAL_SHARE of the budget), at a pixel
+stride (every s-th pixel of every s-th row, so the scores stay those of full-size renders, on
+fewer pixels) chosen view by view from the measured render speed.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from api_schemas.nerf import DEFAULT_TIME_LIMIT_S
 
 EVAL_SHARE = 0.1  # the most of a budget the final evaluation may be planned to take
+CURVE_SHARE = 0.02  # the most of the training time test-curve points may take
+# The final evaluation also scores and encodes what it renders; curve points only render.
+EVAL_OVERHEAD = 1.5
+MIN_EVAL_PIXELS = 4096  # however short the time, a view is scored on at least about this many
 # How far past its budget a job may end: the frame being evaluated and writing the results.
 ALLOWANCE_MIN_S = 10.0
 ALLOWANCE_SHARE = 0.05
@@ -37,13 +46,16 @@ def allowance(limit_s: float) -> float:
 
 class TimeBudget:
     """Wall seconds used by this job since training started, over resumes (`used_s` carries what
-    earlier runs used, from the checkpoint)."""
+    earlier runs used, from the checkpoint), and what went to curve points, checkpoints and the
+    evaluation (`spent`, also carried over resumes)."""
 
-    def __init__(self, limit_s: float, used_s: float = 0.0):
+    def __init__(self, limit_s: float, used_s: float = 0.0, spent: dict[str, float] | None = None):
         self.limit_s = float(limit_s)
         self._base = float(used_s)
         self._t0 = time.monotonic()
-        self.eval_s_per_frame: float | None = None  # measured by test-curve points
+        self.spent = {"curve": 0.0, "checkpoint": 0.0, "eval": 0.0, **(spent or {})}
+        # seconds to render one test pixel, measured by curve points (None: not yet)
+        self.eval_s_per_pixel: float | None = None
 
     def used(self) -> float:
         return self._base + time.monotonic() - self._t0
@@ -51,20 +63,64 @@ class TimeBudget:
     def left(self) -> float:
         return self.limit_s - self.used()
 
-    def eval_reserve(self, n_frames: int) -> float:
-        """Seconds kept for the final evaluation of n_frames test frames."""
+    def eval_reserve(self, pixels: int) -> float:
+        """Seconds kept for the final evaluation of `pixels` test pixels (every test view)."""
         cap = EVAL_SHARE * self.limit_s
-        if self.eval_s_per_frame is None:
+        if self.eval_s_per_pixel is None:
             return cap
-        return min(cap, self.eval_s_per_frame * n_frames)
+        return min(cap, self.eval_s_per_pixel * EVAL_OVERHEAD * pixels)
 
-    def training_end(self, n_frames: int) -> float:
+    def training_end(self, pixels: int) -> float:
         """Budget seconds at which training should stop."""
-        return self.limit_s - self.eval_reserve(n_frames)
+        return self.limit_s - self.eval_reserve(pixels)
 
-    def frames_that_fit(self, n_frames: int) -> int:
-        """How many test frames the final evaluation can render within budget + allowance."""
-        if self.eval_s_per_frame is None or self.eval_s_per_frame <= 0:
-            return n_frames
-        room = self.left() + allowance(self.limit_s)
-        return max(1, min(n_frames, int(room / self.eval_s_per_frame)))
+    def shares(self, train_s: float) -> dict[str, float]:
+        """What each part took, as a share of the budget."""
+        out = {"train": train_s, **self.spent}
+        return {k: round(v / self.limit_s, 4) for k, v in out.items()}
+
+
+class EvalPlan:
+    """Pixel strides for the final evaluation: every view is scored, each at the smallest stride
+    (1: every pixel) whose estimated cost lets the views still to come finish by the end of the
+    budget. The estimate starts from the curve points' render speed and then follows what the
+    views already scored cost (render, scores and encoding)."""
+
+    def __init__(self, budget: TimeBudget, view_pixels: Sequence[int]):
+        self.budget = budget
+        self.pixels = list(view_pixels)
+        self._seconds = 0.0
+        self._done_pixels = 0
+        self.strides: list[int] = []
+
+    def s_per_pixel(self) -> float | None:
+        if self._done_pixels:
+            return self._seconds / self._done_pixels
+        if self.budget.eval_s_per_pixel is None:
+            return None
+        return self.budget.eval_s_per_pixel * EVAL_OVERHEAD
+
+    def stride(self, i: int) -> int:
+        rate = self.s_per_pixel()
+        if rate is None:
+            return 1
+        room = max(self.budget.left(), 1e-3)
+        s = math.ceil(math.sqrt(rate * sum(self.pixels[i:]) / room))
+        cap = max(1, math.isqrt(max(self.pixels[i] // MIN_EVAL_PIXELS, 1)))
+        return max(1, min(s, cap))
+
+    def done(self, pixels: int, seconds: float, stride: int) -> None:
+        """A view of `pixels` rendered pixels took `seconds`."""
+        self._seconds += seconds
+        self._done_pixels += pixels
+        self.strides.append(stride)
+
+    @property
+    def pixels_per_s(self) -> float | None:
+        """Test pixels rendered and scored a second (what a render of a frame may expect)."""
+        return round(self._done_pixels / self._seconds, 1) if self._seconds > 0 else None
+
+    @property
+    def scale(self) -> float:
+        """1 / the largest stride used (1.0: every view at full size)."""
+        return 1.0 / max(self.strides, default=1)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from worker.progress import ProgressReporter
 
 
@@ -43,14 +45,54 @@ def test_eta_never_passes_the_deadline():
 
 
 def test_budget_reserves_evaluation_and_counts_resumed_time():
-    from worker.budget import EVAL_SHARE, TimeBudget, allowance, time_limit
+    from worker.budget import EVAL_OVERHEAD, EVAL_SHARE, TimeBudget, allowance, time_limit
 
     assert time_limit({"time_limit_s": None}, "cpu") < time_limit({"time_limit_s": None}, "cuda")
     assert time_limit({"time_limit_s": 42}, "cuda") == 42
-    b = TimeBudget(100.0, used_s=30.0)
+    b = TimeBudget(100.0, used_s=30.0, spent={"checkpoint": 2.0})
     assert 30.0 <= b.used() < 31.0
-    assert b.training_end(50) == 100.0 - EVAL_SHARE * 100.0  # nothing measured yet: the cap
-    b.eval_s_per_frame = 0.5
-    assert b.training_end(4) == 98.0
-    assert b.frames_that_fit(1000) == int((b.left() + allowance(100.0)) / 0.5)
+    assert b.spent == {"curve": 0.0, "checkpoint": 2.0, "eval": 0.0}
+    assert b.training_end(10**6) == 100.0 - EVAL_SHARE * 100.0  # nothing measured yet: the cap
+    b.eval_s_per_pixel = 1e-6
+    assert b.training_end(10**6) == pytest.approx(100.0 - EVAL_OVERHEAD)
+    assert b.training_end(10**9) == 100.0 - EVAL_SHARE * 100.0  # never more than the cap
     assert allowance(100.0) == 10.0 and allowance(1000.0) == 50.0
+    assert b.shares(80.0) == {"train": 0.8, "curve": 0.0, "checkpoint": 0.02, "eval": 0.0}
+
+
+def test_eval_plan_scores_every_view_at_the_stride_the_time_left_allows():
+    from worker.budget import MIN_EVAL_PIXELS, EvalPlan, TimeBudget
+
+    views = [800 * 450] * 7
+    b = TimeBudget(300.0, used_s=270.0)  # 30 s left
+    assert EvalPlan(b, views).stride(0) == 1  # nothing measured: full size, then it learns
+    # 1e-5 s a pixel (x1.5 to score and encode): 7 full views would take 38 s of the 30 left.
+    b.eval_s_per_pixel = 1e-5
+    plan = EvalPlan(b, views)
+    assert plan.stride(0) == 2
+    # The first view turned out slower: the rest go sparser, and no view below ~MIN_EVAL_PIXELS.
+    plan.done(400 * 225, 8.0, 2)
+    assert plan.stride(1) == 3
+    b._base = 10_000.0  # far past the budget: the coarsest stride still scores the view
+    s = plan.stride(1)
+    assert (800 // s) * (450 // s) >= MIN_EVAL_PIXELS * 0.8 and s > 3
+    assert plan.scale == 0.5 and plan.pixels_per_s == 11_250.0
+    # Plenty of time: full size.
+    assert EvalPlan(TimeBudget(300.0), views).stride(0) == 1
+
+
+def test_checkpoints_cost_at_most_their_share_of_the_time(tmp_path):
+    import torch
+
+    from worker.checkpoints import CheckpointManager
+
+    mgr = CheckpointManager(tmp_path, interval_s=0.0, max_share=0.03)
+    assert mgr.due()
+    mgr.save(1, {"x": torch.zeros(4)})
+    assert mgr.spent_s == mgr.last_cost_s > 0
+    mgr.last_cost_s = 1.0  # a 1 s write: the next one waits >= 33 s, whatever the schedule says
+    assert not mgr.due() and not mgr.due(marked=True)
+    mgr._last_save -= 34.0
+    assert mgr.due() and mgr.due(marked=True)
+    slow = CheckpointManager(tmp_path, interval_s=30.0)
+    assert not slow.due() and slow.due(marked=True)  # a cheap save on the caller's schedule

@@ -12,16 +12,24 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
+import torch
+
+from worker.budget import CURVE_SHARE
 from worker.jobs.scene import SceneJob, SceneModel
 from worker.nerf.model import NerfField
 from worker.nerf.rendering import render_image
 from worker.nerf.trainer import NerfTrainer, cone_angle, load_field_and_grid
 from worker.scene.cameras import RenderCamera, world_distance
-from worker.scene.dataset import Dataset
-from worker.scene.evaluate import background_psnr, evaluate
+from worker.scene.dataset import Dataset, composite_background
+from worker.scene.evaluate import background_psnr
+from worker.scene.metrics import psnr_from_mse
 
-CURVE_FRAMES = 10
-CURVE_INTERVAL_S = 30.0  # training seconds between test-PSNR curve points
+CURVE_PIXELS = 4096  # the fixed subsample of test pixels every curve point renders
+CURVE_INTERVAL_S = 30.0  # training seconds between test-PSNR curve points (at most)
+# The first point comes early (it also measures the render speed the final evaluation plans
+# with), though not before the occupancy grid's warm-up (until then every sample of every ray
+# is evaluated: a point costs many times what it will), and short budgets get points more often.
+CURVE_FIRST_SHARE, CURVE_SHARE_BETWEEN = 0.05, 0.1
 
 
 @contextmanager
@@ -98,9 +106,14 @@ class NerfJob(SceneJob):
             extra["samples_per_ray"] = round(last["samples_per_ray"], 2)
         super().report(ctx, trainer, last, force, **extra)
 
-    def _view(self, trainer, data: Dataset, i: int):
+    def _view(self, trainer, data: Dataset, i: int, stride: int = 1):
         f = data.frames[i]
         o, d = data.frame_rays(i)
+        h, w = f.h, f.w
+        if stride > 1:
+            o = o.reshape(h, w, 3)[::stride, ::stride].reshape(-1, 3)
+            d = d.reshape(h, w, 3)[::stride, ::stride].reshape(-1, 3)
+            h, w = -(-h // stride), -(-w // stride)
         dev = trainer.device
         with measured_with_kernels(trainer):
             rgb, depth, _, _ = _march(
@@ -115,48 +128,93 @@ class NerfJob(SceneJob):
             )
         depth = world_distance(depth, data.normalization)
         return (
-            rgb.clamp(0, 1).reshape(f.h, f.w, 3).cpu().numpy(),
-            depth.reshape(f.h, f.w).cpu().numpy(),
+            rgb.clamp(0, 1).reshape(h, w, 3).cpu().numpy(),
+            depth.reshape(h, w).cpu().numpy(),
         )
 
     def render_test_view(self, trainer, data, i):
         trainer.field.eval()
         return self._view(trainer, data, i)
 
+    def render_test_view_at(self, trainer, data, i, stride):
+        trainer.field.eval()
+        return self._view(trainer, data, i, stride)
+
+    @staticmethod
+    def _curve_rays(trainer, test: Dataset):
+        """The curve's fixed test pixels (the same every point, drawn once from seed 0 over the
+        pixels the masks keep): origins, directions, targets on the evaluation background."""
+        cached = getattr(trainer, "curve_rays", None)
+        if cached is not None:
+            return cached
+        g = torch.Generator().manual_seed(0)
+        pool = torch.arange(test.n_pixels) if test.keep is None else test.keep.nonzero().flatten()
+        if len(pool) > CURVE_PIXELS:
+            pool = pool[torch.randperm(len(pool), generator=g)[:CURVE_PIXELS]].sort().values
+        o, d, rgba = test.rays_of(pool)
+        target = composite_background(rgba, trainer.eval_background.cpu())
+        trainer.curve_rays = (o.to(trainer.device), d.to(trainer.device), target)
+        return trainer.curve_rays
+
     def after_step(self, trainer, test):
-        """Test PSNR every CURVE_INTERVAL_S of training on the first CURVE_FRAMES test views (not
-        counted in train_s, but in the job's time budget): how quality grows with training time,
-        which the quality script compares across backends. Curve points cost at most a tenth of
-        the training time, however large the frames."""
+        """A test-PSNR curve point (`{step, train_s, test_psnr}`) on a fixed subsample of
+        CURVE_PIXELS test pixels of every test view, in the job's time budget and not in
+        train_s: how quality grows with training time, which the quality script compares across
+        backends, and the render speed the final evaluation plans with. Points come every
+        CURVE_INTERVAL_S of training (sooner in short budgets) and take at most CURVE_SHARE of
+        the training time."""
+        budget = getattr(trainer, "time_budget", None)
+        limit = budget.limit_s if budget is not None else float("inf")
         due = getattr(trainer, "next_curve_s", None)
         if due is None:
-            trainer.next_curve_s = due = trainer.train_s + CURVE_INTERVAL_S
-        if trainer.train_s < due:
+            trainer.next_curve_s = due = trainer.train_s + min(
+                CURVE_INTERVAL_S, CURVE_FIRST_SHARE * limit
+            )
+        if trainer.train_s < due or trainer.step < trainer.config["occupancy_warmup_steps"]:
             return
+        spent = self._curve_point(trainer, test)
+        interval = min(CURVE_INTERVAL_S, CURVE_SHARE_BETWEEN * limit)
+        trainer.next_curve_s = trainer.train_s + max(interval, spent / CURVE_SHARE)
+
+    def before_evaluation(self, trainer, test):
+        # The evaluation plans its resolution from the render speed a curve point measures.
+        budget = getattr(trainer, "time_budget", None)
+        if budget is not None and budget.eval_s_per_pixel is None:
+            self._curve_point(trainer, test)
+
+    def _curve_point(self, trainer, test) -> float:
+        """Appends a curve point; returns the seconds it took (and sets the budget's render
+        speed from them)."""
         trainer.field.eval()
         t0 = time.perf_counter()
-        m, _ = evaluate(
-            lambda i: self._view(trainer, test, i),
-            test,
-            trainer.eval_background,
-            limit=CURVE_FRAMES,
-        )
+        o, d, target = self._curve_rays(trainer, test)
+        with measured_with_kernels(trainer):
+            rgb, _, _, _ = _march(
+                trainer.field,
+                trainer.grid,
+                trainer.config,
+                trainer.step_size,
+                o,
+                d,
+                trainer.eval_background,
+            )
+        mse = float(((rgb.clamp(0, 1).cpu() - target) ** 2).mean())
         spent = time.perf_counter() - t0
         budget = getattr(trainer, "time_budget", None)
         if budget is not None:
-            budget.eval_s_per_frame = spent / max(m["n_test"], 1)
+            budget.eval_s_per_pixel = spent / max(len(o), 1)
         trainer.curve.append(
             {
                 "step": trainer.step,
                 "train_s": round(trainer.train_s, 2),
-                "test_psnr": round(m["test_psnr"], 3),
+                "test_psnr": round(psnr_from_mse(mse), 3),
             }
         )
-        trainer.next_curve_s = trainer.train_s + max(CURVE_INTERVAL_S, 10 * spent)
+        return spent
 
     def final_metrics(self, ctx, trainer, test, metrics):
         if trainer.curve and trainer.curve[-1]["step"] == trainer.step:
-            trainer.curve.pop()  # the last curve point, maybe measured on fewer frames
+            trainer.curve.pop()  # the last curve point, on fewer pixels than the evaluation
         trainer.curve.append(
             {
                 "step": trainer.step,

@@ -4,8 +4,9 @@ checkpoint. A kind subclasses SceneJob with what differs: its trainer, how it re
 and what it builds from a checkpoint.
 
 Evaluation artifacts: `test_NNN.png` (the first `n_test_renders` views), `results.json` (every
-test view's name and scores, and the means) and `test_renders.zip` (every test view as
-`rgb/<name>.png` and `depth/<name>.png`, 16-bit millimetres of world distance).
+test view's name, stride and scores, and the means) and `test_renders.zip` (every test view as
+`rgb/<name>.png` and `depth/<name>.png`, 16-bit millimetres of world distance), at the pixel
+stride the budget allowed (worker/budget.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import logging
 import time
 import zipfile
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -21,12 +23,12 @@ import numpy as np
 import torch
 
 from core.storage import atomic_write_bytes
-from worker.budget import TimeBudget, time_limit
+from worker.budget import EvalPlan, TimeBudget, time_limit
 from worker.jobs import RenderError, pick_device
 from worker.scene.cameras import RenderCamera, world_distance
 from worker.scene.dataset import Dataset, background_rgb, read_meta
 from worker.scene.encode import CONTENT_TYPES, depth_png16, encode_frames, encode_image, to_uint8
-from worker.scene.evaluate import ViewResult, evaluate
+from worker.scene.evaluate import ViewResult, colour_warning, evaluate
 from worker.scene.metrics import lpips_metric
 from worker.scene.requests import (
     PATH_PIXEL_BUDGET_FRAMES,
@@ -40,6 +42,7 @@ from worker.scene.requests import (
 
 log = logging.getLogger(__name__)
 RESULTS_NAME = "results.json"
+TILE_PIXELS = 16_384  # a frame render job's band of rows: progress about this often
 RENDERS_ZIP = "test_renders.zip"
 PATH_FORMATS = ("webp", "gif", "zip", "mp4")
 
@@ -85,6 +88,14 @@ class SceneJob:
         """Frame i of `data` on the evaluation background: rgb (H, W, 3) and world depth (H, W)."""
         raise NotImplementedError
 
+    def render_test_view_at(self, trainer, data: Dataset, i: int, stride: int):
+        """render_test_view's pixels at every `stride`-th pixel of every stride-th row; a kind
+        that can render only those (nerf: their rays) overrides this to save the time."""
+        rgb, depth = self.render_test_view(trainer, data, i)
+        if stride == 1:
+            return rgb, depth
+        return rgb[::stride, ::stride], None if depth is None else depth[::stride, ::stride]
+
     def render_view(self, model, cam: RenderCamera, background: torch.Tensor, output: str):
         """rgb (H, W, 3), depth (H, W) in the normalised frame (0 where empty; only needed when
         output is depth), alpha (H, W), as numpy."""
@@ -103,6 +114,10 @@ class SceneJob:
 
     def after_step(self, trainer, test: Dataset) -> None:
         """Hook after every training step (nerf measures its quality curve here)."""
+
+    def before_evaluation(self, trainer, test: Dataset) -> None:
+        """Hook before the final evaluation (nerf measures its render speed here when no curve
+        point did)."""
 
     def final_metrics(self, ctx, trainer, test: Dataset, metrics: dict[str, Any]) -> list[str]:
         """Kind-specific metrics added to `metrics`; returns further artifact names written."""
@@ -125,8 +140,16 @@ class SceneJob:
             )
             return
         trainer.load_state(ckpt.tensors, ckpt.meta)
+        trainer.budget_spent = ckpt.meta.get("budget_spent")
         ctx.checkpoints.saved_step = ckpt.step
         log.info("job %s: resumed from checkpoint step %s", ctx.job.id, trainer.step)
+
+    def _checkpoint(self, ctx, trainer, budget: TimeBudget) -> None:
+        trainer.budget_used_s = budget.used()
+        tensors, meta = trainer.state()
+        before = ctx.checkpoints.spent_s
+        ctx.checkpoints.save(trainer.step, tensors, {**meta, "budget_spent": budget.spent})
+        budget.spent["checkpoint"] += ctx.checkpoints.spent_s - before
 
     def train(self, ctx) -> dict[str, Any]:
         config = ctx.config
@@ -137,42 +160,56 @@ class SceneJob:
         steps = config["steps"]
         # Wall time from the start of training (worker/budget.py): curve points, checkpoints and
         # the final evaluation count; earlier runs of a resumed job too.
-        budget = TimeBudget(time_limit(config, ctx.device), getattr(trainer, "budget_used_s", 0.0))
+        budget = TimeBudget(
+            time_limit(config, ctx.device),
+            getattr(trainer, "budget_used_s", 0.0),
+            getattr(trainer, "budget_spent", None),
+        )
         trainer.time_budget = budget
-        n_test = len(test)
+        test_pixels = [f.w * f.h for f in test.frames]
         ctx.progress.start_step = trainer.step
         ctx.progress.set_deadline(budget.left())
         ctx.progress.report(trainer.step, steps, force=True)
         last: dict[str, float] = {}
-        while trainer.step < steps and budget.used() < budget.training_end(n_test):
+        while trainer.step < steps and budget.used() < budget.training_end(sum(test_pixels)):
             ctx.raise_if_cancelled()
-            trainer.lr_horizon_s = budget.training_end(n_test)
+            trainer.lr_horizon_s = budget.training_end(sum(test_pixels))
             trainer.budget_used_s = budget.used()
             last = trainer.train_step()
             # This run's first step is reported at once: the first loss and PSNR are there to
             # see, and later ones compare with where training started, whatever the step speed.
             self.report(ctx, trainer, last, force=trainer.step == ctx.progress.start_step + 1)
+            t0 = time.perf_counter()
             self.after_step(trainer, test)
-            if trainer.step < steps and (
-                trainer.step % config["checkpoint_every"] == 0 or ctx.checkpoints.due()
+            budget.spent["curve"] += time.perf_counter() - t0
+            if trainer.step < steps and ctx.checkpoints.due(
+                marked=trainer.step % config["checkpoint_every"] == 0
             ):
-                trainer.budget_used_s = budget.used()
-                ctx.checkpoints.save(trainer.step, *trainer.state())
-        trainer.budget_used_s = budget.used()
-        ctx.checkpoints.save(trainer.step, *trainer.state())
+                self._checkpoint(ctx, trainer, budget)
+        self._checkpoint(ctx, trainer, budget)
         self.report(ctx, trainer, last, force=True)
 
         ctx.raise_if_cancelled()
         t0 = time.perf_counter()
-        metrics, names = self.evaluate_and_store(
-            ctx, trainer, test, limit=budget.frames_that_fit(n_test)
-        )
+        self.before_evaluation(trainer, test)
+        plan = EvalPlan(budget, test_pixels)
+        metrics, names = self.evaluate_and_store(ctx, trainer, test, plan=plan)
         names += self.final_metrics(ctx, trainer, test, metrics)
+        budget.spent["eval"] += time.perf_counter() - t0
+        warning = colour_warning(metrics)
+        if warning:
+            metrics["warnings"] = [warning]
         metrics.update(
             {
                 "steps": trainer.step,
                 "train_s": round(trainer.train_s, 3),
                 "eval_s": round(time.perf_counter() - t0, 3),
+                "eval_views": metrics["n_test"],
+                "eval_scale": round(plan.scale, 4),
+                "curve_s": round(budget.spent["curve"], 3),
+                "checkpoint_s": round(budget.spent["checkpoint"], 3),
+                "budget_shares": budget.shares(trainer.train_s),
+                "render_pixels_per_s": plan.pixels_per_s,
                 "time_limit_s": budget.limit_s,
                 "budget_used_s": round(budget.used(), 3),
                 "train_psnr": last.get("psnr"),
@@ -183,10 +220,10 @@ class SceneJob:
 
     # -- evaluation ------------------------------------------------------------------------------
     def evaluate_and_store(
-        self, ctx, trainer, test: Dataset, limit: int | None = None
+        self, ctx, trainer, test: Dataset, plan: EvalPlan | None = None
     ) -> tuple[dict[str, Any], list[str]]:
-        """Scores the test views (the first `limit`, as many as the time budget holds) and writes
-        the evaluation artifacts (module docstring)."""
+        """Scores every test view (at the pixel strides of `plan`) and writes the evaluation
+        artifacts (module docstring)."""
         art = ctx.paths.artifacts
         art.mkdir(parents=True, exist_ok=True)
         lpips, lpips_absent = lpips_metric(ctx.settings.lpips_model)
@@ -211,12 +248,12 @@ class SceneJob:
                     names.append(name)
 
             metrics, _ = evaluate(
-                lambda i: self.render_test_view(trainer, test, i),
+                lambda i, stride=1: self.render_test_view_at(trainer, test, i, stride),
                 test,
                 trainer.eval_background,
                 lpips=lpips,
                 on_view=store,
-                limit=limit,
+                plan=plan,
             )
         tmp_zip.replace(art / RENDERS_ZIP)
         means = {k: round(v, 5) for k, v in metrics.items() if k.startswith("test_")}
@@ -243,7 +280,9 @@ class SceneJob:
         rgb, depth, alpha = self.render_view(model, cam, model.background(request), output)
         return rgb, world_distance(depth, model.normalization), alpha
 
-    def render(self, job, checkpoint, request: dict[str, Any]) -> tuple[bytes, str]:
+    def render(self, job, checkpoint, request: dict[str, Any], on_pixels=None) -> tuple[bytes, str]:
+        """One frame, encoded. With `on_pixels(done, total)` (a frame render job) it renders in
+        bands of rows of about TILE_PIXELS and reports after each; the frame is the same."""
         request = {**request, "camera": clean_camera(request.get("camera"), "camera")}
         model, hit = self.model_for(checkpoint)
         cam = resolve_request_camera(request, model.camera_meta)
@@ -251,12 +290,23 @@ class SceneJob:
             "nf-model-cache": "hit" if hit else "miss",
             "nf-checkpoint-step": str(checkpoint.step),
         }
+        if on_pixels is None:
+            rgb, depth, alpha = self._frame(model, cam, request)
+        else:
+            rows = max(1, TILE_PIXELS // cam.width)
+            bands = []
+            for y0 in range(0, cam.height, rows):
+                h = min(rows, cam.height - y0)
+                bands.append(self._frame(model, replace(cam, cy=cam.cy - y0, height=h), request))
+                on_pixels((y0 + h) * cam.width, cam.width * cam.height)
+            rgb, depth, alpha = (np.concatenate(parts) for parts in zip(*bands))
         return encode_output(
-            *self._frame(model, cam, request),
-            request.get("output", "rgb"),
-            request.get("format", "png"),
-            text,
+            rgb, depth, alpha, request.get("output", "rgb"), request.get("format", "png"), text
         )
+
+    def render_frame_to(self, job, checkpoint, request: dict[str, Any], on_pixels):
+        """A frame render job's frame: render() in bands, `on_pixels(done, total)` after each."""
+        return self.render(job, checkpoint, request, on_pixels)
 
     def path_frames(self, checkpoint, request: dict[str, Any], budget: bool = True):
         """(frame count, iterator of uint8 frames) of a PathRequest; RenderError for bad paths."""
