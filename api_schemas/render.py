@@ -54,6 +54,12 @@ class RenderRequest(Intrinsics):
         description="png16: depth as 16-bit millimetres of world distance; npy: depth as "
         "float32 world distance (both with output depth; 0 = no surface)",
     )
+    mode: Literal["wait", "job"] | None = Field(
+        None,
+        description="wait: answer with the frame; job: 202 and a render job to poll (rendered in "
+        "tiles, with progress); default: a job when the frame is over RENDER_WAIT_PIXELS or the "
+        "job's measured render speed says it would not finish within half of RENDER_TIMEOUT_S",
+    )
 
     @model_validator(mode="after")
     def _depth_formats(self):
@@ -191,14 +197,19 @@ class PathRequest(Intrinsics):
 
 
 class PathJob(BaseModel):
-    """A camera path rendering in the background (POST render/path answered 202)."""
+    """A render job: a camera path (POST render/path answered 202) or one large frame (POST
+    render answered 202, `kind` frame: rendered in tiles, `pixels_done` of `n_pixels`), rendering
+    in the background; the file is an artifact of the job once succeeded."""
 
     id: str
     job_id: str
+    kind: Literal["path", "frame"] = "path"
     status: Literal["queued", "running", "succeeded", "failed"]
     format: str
     n_frames: int
     frames_done: int = 0
+    n_pixels: int | None = Field(None, description="frame jobs: width x height")
+    pixels_done: int | None = Field(None, description="frame jobs: pixels rendered so far")
     checkpoint_step: int | None = Field(None, description="the checkpoint the frames come from")
     artifact: str | None = Field(None, description="the file's artifact name once succeeded")
     url: str = Field(..., description="where this state is polled")
@@ -206,3 +217,7 @@ class PathJob(BaseModel):
     error: str | None = None
     created_at: str
     updated_at: str
+
+
+# A render job's state has one shape whatever it renders.
+RenderJob = PathJob

@@ -24,6 +24,7 @@ TASK_RENDER_PATH = "nf.render_path"
 TASK_EXPORT = "nf.export"
 EXPORT_QUEUE = RENDER_QUEUE
 TASK_RENDER_PATH_JOB = "nf.render_path_job"  # a path rendered to an artifact (core/path_jobs.py)
+TASK_RENDER_FRAME_JOB = "nf.render_frame_job"  # one large frame, in tiles, to an artifact
 
 
 def broker_dirs(settings: Settings) -> dict[str, Any]:

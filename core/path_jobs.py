@@ -1,7 +1,8 @@
-"""Path jobs: a camera path rendered by a render worker in the background, for paths longer than
-one HTTP wait. The API writes `<job>/renders/<id>.json` (queued) and sends the task; the worker
-alone then rewrites it (atomically: running with frames_done, then succeeded or failed), and
-stores the file as the job's artifact `path-<id>.<format>`."""
+"""Render jobs: a camera path (kind path) or one large frame (kind frame) rendered by a render
+worker in the background, for what would not finish within one HTTP wait. The API writes
+`<job>/renders/<id>.json` (queued) and sends the task; the worker alone then rewrites it
+(atomically: running with frames_done / pixels_done, then succeeded or failed), and stores the
+file as the job's artifact `<kind>-<id>.<extension>`."""
 
 from __future__ import annotations
 
@@ -23,8 +24,12 @@ def parse_id(render_id: str) -> str:
     return str(uuid.UUID(str(render_id)))
 
 
-def artifact_name(render_id: str, fmt: str) -> str:
-    return f"path-{render_id}.{fmt}"
+# A frame's format -> its file's extension (png16 is a 16-bit PNG).
+EXTENSIONS = {"png16": "png", "jpeg": "jpg"}
+
+
+def artifact_name(render_id: str, fmt: str, kind: str = "path") -> str:
+    return f"{kind}-{render_id}.{EXTENSIONS.get(fmt, fmt)}"
 
 
 def state_file(paths: JobPaths, render_id: str) -> Path:
@@ -35,14 +40,25 @@ def _now() -> str:
     return datetime.now(UTC).isoformat()
 
 
-def create(paths: JobPaths, render_id: str, job_id: str, fmt: str, n_frames: int) -> dict[str, Any]:
+def create(
+    paths: JobPaths,
+    render_id: str,
+    job_id: str,
+    fmt: str,
+    n_frames: int,
+    kind: str = "path",
+    n_pixels: int | None = None,
+) -> dict[str, Any]:
     state = {
         "id": render_id,
         "job_id": job_id,
+        "kind": kind,
         "status": "queued",
         "format": fmt,
         "n_frames": n_frames,
         "frames_done": 0,
+        "n_pixels": n_pixels,
+        "pixels_done": None if n_pixels is None else 0,
         "checkpoint_step": None,
         "artifact": None,
         "error": None,

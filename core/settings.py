@@ -62,6 +62,13 @@ class Settings(BaseSettings):
     max_export_resolution: int = Field(
         512, ge=16, description="cap of a mesh export's marching-cubes resolution (422 past it)"
     )
+    render_wait_pixels: int = Field(
+        1_048_576,
+        ge=0,
+        description="a frame over this many width*height pixels, without `mode`, runs as a "
+        "render job (202, rendered in tiles) instead of in the HTTP wait; so does one the job's "
+        "measured render speed says would take over half of RENDER_TIMEOUT_S",
+    )
     path_wait_pixels: int = Field(
         16_777_216,
         ge=0,

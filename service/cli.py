@@ -322,10 +322,41 @@ def cmd_render(api: Api, args) -> int:
     fmt = args.format or ("jpeg" if args.out.suffix.lower() in (".jpg", ".jpeg") else None)
     if fmt:
         body["format"] = fmt
+    if args.mode:
+        body["mode"] = args.mode
     resp = api.request("POST", f"/v1/jobs/{args.id}/render", json=body)
+    if resp.status_code == 202:  # a frame too large for one HTTP wait: a render job to poll
+        resp = wait_render_job(api, resp.json(), quiet=getattr(args, "json", False))
     _write(args.out, resp.content)
     err.print(f"wrote {args.out} ({len(resp.content)} bytes, {resp.headers.get('content-type')})")
     return 0
+
+
+def wait_render_job(api: Api, state: dict, quiet: bool = False) -> httpx.Response:
+    """Polls a render job (POST render or render/path answered 202) with a progress bar until it
+    succeeds; returns the response carrying its file."""
+    frame = state.get("kind") == "frame"
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        disable=quiet,
+    ) as bar:
+        task = bar.add_task(f"render job {state['id']}", total=None)
+        while state["status"] not in ("succeeded", "failed"):
+            time.sleep(0.5)
+            state = api.json("GET", state["url"])
+            done, total = (
+                (state.get("pixels_done") or 0, state.get("n_pixels"))
+                if frame
+                else (state.get("frames_done", 0), state.get("n_frames"))
+            )
+            bar.update(task, completed=done, total=total, description=state["status"])
+    if state["status"] == "failed":
+        raise CliError(f"render job {state['id']} failed: {state.get('error')}")
+    return api.request("GET", state["artifact_url"])
 
 
 def cmd_path(api: Api, args) -> int:
@@ -478,6 +509,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="EYE TARGET [UP] in the dataset's world frame (UP defaults to 0,0,1)",
     )
     s.add_argument("--c2w", type=json.loads, default=None, help="camera-to-world 4x4 as JSON")
+    s.add_argument(
+        "--mode",
+        choices=["wait", "job"],
+        default=None,
+        help="job: render in the background and wait for it here (default: the server decides "
+        "by size; a large frame is a render job either way)",
+    )
     view_args(s, 256, 256)
     s.set_defaults(fn=cmd_render)
 

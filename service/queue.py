@@ -22,6 +22,7 @@ from core.celery_config import (
     TASK_EXPORT,
     TASK_PREPROCESS,
     TASK_RENDER,
+    TASK_RENDER_FRAME_JOB,
     TASK_RENDER_PATH,
     TASK_RENDER_PATH_JOB,
     TASK_TRAIN,
@@ -172,6 +173,14 @@ class TaskQueue:
     def send_path_job(self, job_id: str, render_id: str, request: dict[str, Any]) -> None:
         self.client.send_task(
             TASK_RENDER_PATH_JOB,
+            args=[job_id, render_id, request],
+            queue=RENDER_QUEUE,
+            ignore_result=True,
+        )
+
+    def send_frame_job(self, job_id: str, render_id: str, request: dict[str, Any]) -> None:
+        self.client.send_task(
+            TASK_RENDER_FRAME_JOB,
             args=[job_id, render_id, request],
             queue=RENDER_QUEUE,
             ignore_result=True,

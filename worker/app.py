@@ -8,7 +8,7 @@ from celery.signals import worker_process_init
 from core.celery_config import celery_config
 from core.settings import get_settings
 
-app = Celery("nf-worker", include=["worker.tasks"])
+app = Celery("nf-worker", include=["worker.tasks", "worker.render_jobs"])
 app.conf.update(celery_config(get_settings()))
 
 

@@ -110,6 +110,19 @@ def test_render_matches_the_api(fs_stack, trained, tmp_path):
     assert got.std() > 10  # a picture, not a blank frame
 
 
+def test_render_job_is_waited_for(fs_stack, trained, tmp_path):
+    # --mode job: the server answers 202 with a render job; the CLI polls it and writes the file.
+    job_id, _ = trained
+    out = tmp_path / "job.png"
+    size = ["--width", "64", "--height", "48"]
+    r = nf("render", job_id, *size, "--mode", "job", "--out", str(out), url=fs_stack.base_url)
+    assert r.returncode == 0, r.stderr
+    got = np.asarray(Image.open(out).convert("RGB"), dtype=np.int16)
+    direct = fs_stack.client.post(f"/v1/jobs/{job_id}/render", json={"width": 64, "height": 48})
+    want = np.asarray(Image.open(io.BytesIO(direct.content)).convert("RGB"), dtype=np.int16)
+    assert got.shape == (48, 64, 3) and np.abs(got - want).max() <= 1
+
+
 def test_camera_requests_pass_validation(fs_stack, trained, tmp_path):
     """--look-at and --orbit build requests the API accepts; the image kind then says no camera."""
     job_id, _ = trained

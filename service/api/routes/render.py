@@ -1,7 +1,8 @@
 """Rendering a trained field: the API validates, the render queue does the work.
 
 A running job renders its latest checkpoint (a preview while it trains); every render answers
-with `X-Checkpoint-Step`. A long camera path runs as a path job (routes/path_jobs.py)."""
+with `X-Checkpoint-Step`. A long camera path, and a frame too large for one HTTP wait, run as
+render jobs (routes/path_jobs.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import base64
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
-from api_schemas.jobs import JobStatus
-from api_schemas.render import PathJob, PathRequest, RenderRequest
+from api_schemas.jobs import Job, JobStatus
+from api_schemas.render import PathJob, PathRequest, RenderJob, RenderRequest
 from core import path_jobs
 from core.settings import Settings
 from core.storage import LocalStorage, latest_checkpoint_step
@@ -98,6 +99,27 @@ def _caps(settings: Settings, width: int, height: int, frames: int = 1) -> None:
         )
 
 
+def frame_seconds(job: Job, pixels: int) -> float | None:
+    """What the job's own measurements say a frame of `pixels` takes on its workers: the speed
+    its final evaluation rendered and scored test pixels at (`render_pixels_per_s`), else, while
+    it trains, its training rays a second (a step also runs the backward pass: an overestimate).
+    None when the job measured neither (image jobs)."""
+    rate = job.metrics.get("render_pixels_per_s") or job.progress.rays_per_s
+    return pixels / rate if rate else None
+
+
+def frame_as_job(settings: Settings, job: Job, req: RenderRequest) -> bool:
+    """A frame runs as a render job when asked to, or (no `mode`) when it is over
+    RENDER_WAIT_PIXELS or its estimate is over half of RENDER_TIMEOUT_S."""
+    if req.mode is not None:
+        return req.mode == "job"
+    pixels = req.width * req.height
+    if pixels > settings.render_wait_pixels:
+        return True
+    seconds = frame_seconds(job, pixels)
+    return seconds is not None and seconds > 0.5 * settings.render_timeout_s
+
+
 def _check(store: JobStore, job_id: str):
     job = load_job(store, job_id)
     if job.status not in (JobStatus.succeeded, JobStatus.running):
@@ -119,6 +141,7 @@ def _check(store: JobStore, job_id: str):
     summary="Render one frame",
     responses={
         200: {"content": {"image/png": {}, "image/jpeg": {}}, "description": "the frame"},
+        202: {"model": RenderJob, "description": "a frame render job: poll its url"},
         **RENDER_ERRORS,
     },
 )
@@ -127,6 +150,7 @@ async def render(
     job_id: str,
     req: RenderRequest,
     store: JobStore = Depends(get_store),
+    storage: LocalStorage = Depends(get_storage),
     settings: Settings = Depends(get_settings_dep),
     queue: TaskQueue = Depends(get_queue),
     key: ApiKey = Depends(current_key),
@@ -135,7 +159,17 @@ async def render(
     # Charged before the status check: a render of an unfinished job costs like any other.
     await charge_pixels(request, key, req.width * req.height)
     job = _check(store, job_id)
-    return await _run(queue, job.id, req.model_dump(mode="json", exclude_none=True), path=False)
+    body = req.model_dump(mode="json", exclude_none=True, exclude={"mode"})
+    if frame_as_job(settings, job, req):
+        paths = storage.paths(job.id)
+        render_id = path_jobs.new_id()
+        state = path_jobs.create(
+            paths, render_id, job.id, req.format, 1, kind="frame", n_pixels=req.width * req.height
+        )
+        await asyncio.to_thread(queue.send_frame_job, job.id, render_id, body)
+        view = path_job_view(state)
+        return JSONResponse(view.model_dump(), status_code=202, headers={"Location": view.url})
+    return await _run(queue, job.id, body, path=False)
 
 
 @router.post(

@@ -95,9 +95,29 @@ export async function cancelJob(id) {
   return (await request("POST", jobUrl(id, "/cancel"))).json();
 }
 
+const sleep = (ms, signal) => new Promise((resolve, reject) => {
+  const t = setTimeout(resolve, ms);
+  signal?.addEventListener("abort", () => { clearTimeout(t); reject(new DOMException("aborted", "AbortError")); });
+});
+
+// A render job (202: a frame too large for one HTTP wait, or a path job) polled until its file
+// is there; onProgress(state) after each poll (state.pixels_done / state.n_pixels for frames).
+export async function waitRenderJob(state, { signal, onProgress } = {}) {
+  while (state.status !== "succeeded") {
+    if (state.status === "failed") throw new ApiError(500, state.error || "render failed");
+    await sleep(500, signal);
+    state = await (await request("GET", state.url, { signal })).json();
+    onProgress?.(state);
+  }
+  const blob = await (await request("GET", state.artifact_url, { signal })).blob();
+  blob.checkpointStep = state.checkpoint_step == null ? null : String(state.checkpoint_step);
+  return blob;
+}
+
 // Returns a Blob (an image, or an animation / zip for paths).
-export async function render(id, body, signal) {
+export async function render(id, body, signal, onProgress) {
   const resp = await request("POST", jobUrl(id, "/render"), { json: body, signal });
+  if (resp.status === 202) return waitRenderJob(await resp.json(), { signal, onProgress });
   const blob = await resp.blob();
   blob.checkpointStep = resp.headers.get("X-Checkpoint-Step"); // which training step it shows
   return blob;

@@ -82,7 +82,9 @@ export class ImageViewer {
     this.msg.textContent = `rendering ${width}×${height}…`;
     this.msg.className = "muted";
     try {
-      const blob = await api.render(this.job.id, { width, height });
+      const blob = await api.render(this.job.id, { width, height }, undefined, (job) => {
+        this.msg.textContent = `rendering ${width}×${height}… ${progressText(job)}`;
+      });
       this.frame.show(blob);
       // small fields are shown enlarged (the browser interpolates); the file keeps its size
       this.frame.img.style.width = `${Math.max(width, Math.min(384, 4 * width))}px`;
@@ -121,6 +123,12 @@ export function initialOrbit(job) {
   if (num(d.camera_angle_x)) fov = (d.camera_angle_x * 180) / Math.PI;
   else if (num(d.fov_x_deg)) fov = d.fov_x_deg;
   return { target, radius: 3 / s, azimuth: 0.6, elevation: 0.45, upKey, fov };
+}
+
+// A render job's progress (frames render in bands of rows on the server) as "42 %".
+function progressText(job) {
+  if (job.n_pixels) return `${Math.floor((100 * (job.pixels_done || 0)) / job.n_pixels)} %`;
+  return job.n_frames ? `${job.frames_done}/${job.n_frames} frames` : "";
 }
 
 export class OrbitViewer {
@@ -262,7 +270,10 @@ export class OrbitViewer {
       : [Math.max(16, Math.round(fw / LOW_DIVISOR)), Math.max(16, Math.round(fh / LOW_DIVISOR))];
     const t0 = performance.now();
     this.inflight = true;
-    api.render(this.job.id, { width, height, output: this.output, ...this.view() })
+    api.render(this.job.id, { width, height, output: this.output, ...this.view() }, undefined, (job) => {
+      this.msg.textContent = `rendering ${width}×${height}… ${progressText(job)}`;
+      this.msg.className = "muted";
+    })
       .then((blob) => {
         if (this.disposed) return;
         this.frame.show(blob);
