@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 
 from api_schemas.webhooks import DeliveryStatus, WebhookAttempt, WebhookDelivery
-from core import webhooks
+from core import metrics, webhooks
 from core.settings import Settings
 from core.storage import LocalStorage, parse_job_id
 
@@ -106,6 +106,7 @@ def send_job(storage: LocalStorage, job_id: str, settings: Settings) -> None:
                 return
             secret = webhooks.key_settings(storage, kid)["secret"] if kid else None
             result = attempt(delivery, secret, settings)
+            metrics.WEBHOOK_ATTEMPTS.labels("delivered" if result.error is None else "failed").inc()
             delivery.attempts.append(result)
             n = len(delivery.attempts)
             if result.error is None:

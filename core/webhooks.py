@@ -107,7 +107,7 @@ def check_url(url: str, allow_private: bool) -> tuple[httpx.URL, list[str]]:
         raise WebhookURLError(f"callback URL is longer than {MAX_URL_CHARS} characters")
     try:
         u = httpx.URL(url)
-    except (httpx.InvalidURL, TypeError) as exc:
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
         raise WebhookURLError(f"callback URL is not a valid URL ({exc})") from None
     if u.scheme not in ("http", "https") or not u.host:
         raise WebhookURLError("callback URL must be an absolute http:// or https:// URL")
@@ -116,7 +116,7 @@ def check_url(url: str, allow_private: bool) -> tuple[httpx.URL, list[str]]:
     port = u.port or (443 if u.scheme == "https" else 80)
     try:
         infos = socket.getaddrinfo(u.host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
+    except (OSError, UnicodeError, ValueError) as exc:  # gaierror; a NUL; a label too long
         raise WebhookURLError(f"callback host {u.host!r} does not resolve ({exc})") from None
     ips = list(dict.fromkeys(str(info[4][0]).split("%", 1)[0] for info in infos))
     for raw in ips:

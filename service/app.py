@@ -13,13 +13,15 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute, iter_route_contexts
 
 import service.api.routes as routes_pkg
-from core import webhooks
+from core import metrics, webhooks
+from core.logs import use_json
 from core.settings import Settings, get_settings
 from core.storage import get_storage
 from core.store import JobStore
 from service.api.deps import require_job_owner, require_key
 from service.api.gate import V1Gate
 from service.auth import KeyRing, install_log_redaction
+from service.observability import CountedBucket, Observe, StateCollector
 from service.queue import TaskQueue, make_client
 from service.quotas import Quotas
 from service.ratelimit import make_bucket
@@ -133,15 +135,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     storage.ensure()
     app.state.settings = settings
     app.state.storage = storage
-    app.state.store = JobStore(storage, listeners=[webhooks.status_recorder(storage)])
+    app.state.store = JobStore(
+        storage, listeners=[webhooks.status_recorder(storage), metrics.status_listener]
+    )
+    app.state.state_collector = StateCollector(app.state.store, settings)
     app.state.queue = TaskQueue(make_client(settings), settings)
     app.state.quotas = Quotas(storage, app.state.store, settings)
     app.state.quotas.index.build_once()
     app.state.open_streams = Counter()  # key id -> event streams open in this process
     app.state.keys = KeyRing.from_settings(settings)
     install_log_redaction()
-    app.state.render_limit = make_bucket(
-        settings, settings.render_pixels_per_min, settings.render_pixel_burst, "render-pixels"
+    if settings.log_format == "json":
+        use_json([logging.getLogger(n) for n in ("", "uvicorn", "uvicorn.error", "uvicorn.access")])
+    app.state.render_limit = CountedBucket(
+        make_bucket(
+            settings, settings.render_pixels_per_min, settings.render_pixel_burst, "render-pixels"
+        ),
+        "RENDER_PIXELS_PER_MIN",
     )
     if not len(app.state.keys):
         log.warning(
@@ -151,6 +161,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.info("API keys loaded: %s", ", ".join(app.state.keys.names))
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_middleware(V1Gate, keys=app.state.keys, settings=settings)
+    app.add_middleware(Observe)  # outermost: the gate's answers get an id and a duration too
     _include_routes(app)
     mount_web(app)
     app.openapi = _error_schema(app)

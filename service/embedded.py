@@ -7,6 +7,7 @@ else needs to run. Ctrl-C (or SIGTERM) stops both."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -96,6 +97,13 @@ def main() -> int:
     use_cpu_defaults_if_cpu()
     settings = get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # The API's /metrics adds up the worker's samples from here (core/metrics.py); the unit
+        # starts and stops as one, so last run's files go.
+        metrics_dir = settings.data_dir.resolve() / "metrics"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir()
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     env = {**os.environ, "DATA_DIR": str(settings.data_dir.resolve())}
     parent = os.getpid()
     # The worker dies with this process however it dies (SIGKILL, OOM killer): a worker left

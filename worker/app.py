@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import Celery
 from celery.signals import worker_process_init
 
+import worker.observability  # noqa: F401  (log and metrics signals, before the worker starts)
 from core.celery_config import celery_config
 from core.settings import get_settings
 

@@ -21,7 +21,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
 from api_schemas.jobs import JobStatus
-from core import path_jobs, webhooks
+from core import metrics, path_jobs, webhooks
 from core.celery_config import (
     PREPROCESS_QUEUE,
     TASK_EXPORT,
@@ -77,7 +77,7 @@ _warm_up()
 
 def _store() -> JobStore:
     storage = get_storage(get_settings())
-    return JobStore(storage, listeners=[webhooks.status_recorder(storage)])
+    return JobStore(storage, listeners=[webhooks.status_recorder(storage), metrics.status_listener])
 
 
 def _short_error(exc: BaseException) -> str:
@@ -205,7 +205,7 @@ def preprocess(job_id: str) -> None:
                 progress = ProgressReporter(
                     store, job_id, settings.progress_interval_s, stage="sfm"
                 )
-                with progress:
+                with progress, metrics.stage_timer(job.kind.value, "sfm"):
                     summary = sfm_stage.run(job, paths, settings, progress, paths.cancel.exists)
             except sfm_stage.SfmCancelled:
                 store.set_status(
@@ -256,8 +256,8 @@ def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
             ),
             device=pick_device(settings.device),
         )
-        with ctx.progress:
-            metrics = train_fn(ctx) or {}
+        with ctx.progress, metrics.stage_timer(job.kind.value, "train"):
+            final = train_fn(ctx) or {}
     except JobCancelled:
         store.set_status(
             job_id, JobStatus.cancelled, only_from={JobStatus.running, JobStatus.queued}
@@ -281,7 +281,7 @@ def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
         log.error("job %s failed:\n%s", job_id, traceback.format_exc())
         _fail_when_possible(store, job_id, _short_error(exc))
         return
-    store.set_status(job_id, JobStatus.succeeded, metrics=metrics, only_from={JobStatus.running})
+    store.set_status(job_id, JobStatus.succeeded, metrics=final, only_from={JobStatus.running})
 
 
 def _fail_when_possible(store: JobStore, job_id: str, error: str, max_wait_s: float = 3600) -> None:

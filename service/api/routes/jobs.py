@@ -13,6 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
 from api_schemas.jobs import Job, JobKind, JobList, JobStatus
+from core.metrics import quota_refused
 from core.settings import Settings
 from core.storage import LocalStorage
 from core.store import JobNotFound, JobStore
@@ -147,6 +148,7 @@ def _finish_intake(
             "description": "QUOTA_ACTIVE_JOBS or QUOTA_JOBS_PER_HOUR reached (Retry-After says when)"
         },
         415: {"description": "not a supported file"},
+        409: {"description": "a callback_url, but the key has no webhook secret yet"},
         422: {"description": "unknown kind, bad config or bad file"},
     },
 )
@@ -166,6 +168,8 @@ async def create_job(
         # Quotas are checked, and the job folder reserved, before the upload is read.
         job_id, paths, room = await run_in_threadpool(request.app.state.quotas.admit, key)
     except QuotaExceeded as exc:
+        if exc.status_code in (413, 429):  # not a queue outage
+            quota_refused(exc.detail)
         raise HTTPException(exc.status_code, exc.detail, headers=exc.headers) from None
     limit, limit_name = settings.max_upload_bytes, "MAX_UPLOAD_MB"
     if room < limit:
