@@ -73,6 +73,14 @@ class NerfConfig(TrainingImages):
         "area (instant-ngp); 0 pixel centres only, which a field can fit ray by ray and then "
         "decays on new views",
     )
+    error_map_share: float = Field(
+        0.0,
+        ge=0,
+        le=0.9,
+        description="share of each batch's rays drawn from 32x32 cells of the training images "
+        "in proportion to their running error (instant-ngp's error map), the rest uniformly; 0: "
+        "all uniform. Uploads with masks always draw uniformly",
+    )
     samples_per_step: int = Field(
         65_536,
         ge=1024,

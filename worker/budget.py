@@ -22,7 +22,7 @@ EVAL_SHARE = 0.1  # the most of a budget the final evaluation may be planned to 
 CURVE_SHARE = 0.02  # the most of the training time test-curve points may take
 # The final evaluation also scores and encodes what it renders; curve points only render.
 EVAL_OVERHEAD = 1.5
-MIN_EVAL_PIXELS = 4096  # however short the time, a view is scored on at least about this many
+MIN_EVAL_PIXELS = 1024  # however short the time, a view is scored on at least about this many
 # How far past its budget a job may end: the frame being evaluated and writing the results.
 ALLOWANCE_MIN_S = 10.0
 ALLOWANCE_SHARE = 0.05

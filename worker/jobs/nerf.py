@@ -25,6 +25,7 @@ from worker.scene.evaluate import background_psnr
 from worker.scene.metrics import psnr_from_mse
 
 CURVE_PIXELS = 4096  # the fixed subsample of test pixels every curve point renders
+PROBE_PIXELS = 1024  # the render-speed probe before an evaluation no curve point measured for
 CURVE_INTERVAL_S = 30.0  # training seconds between test-PSNR curve points (at most)
 # The first point comes early (it also measures the render speed the final evaluation plans
 # with), though not before the occupancy grid's warm-up (until then every sample of every ray
@@ -177,17 +178,18 @@ class NerfJob(SceneJob):
         trainer.next_curve_s = trainer.train_s + max(interval, spent / CURVE_SHARE)
 
     def before_evaluation(self, trainer, test):
-        # The evaluation plans its resolution from the render speed a curve point measures.
+        # The evaluation plans its resolution from the render speed a curve point measures; a
+        # short probe (the final evaluation replaces its point) when training had none.
         budget = getattr(trainer, "time_budget", None)
         if budget is not None and budget.eval_s_per_pixel is None:
-            self._curve_point(trainer, test)
+            self._curve_point(trainer, test, PROBE_PIXELS)
 
-    def _curve_point(self, trainer, test) -> float:
-        """Appends a curve point; returns the seconds it took (and sets the budget's render
-        speed from them)."""
+    def _curve_point(self, trainer, test, n: int = CURVE_PIXELS) -> float:
+        """Appends a curve point on the first n curve pixels; returns the seconds it took (and
+        sets the budget's render speed from them)."""
         trainer.field.eval()
         t0 = time.perf_counter()
-        o, d, target = self._curve_rays(trainer, test)
+        o, d, target = (x[:n] for x in self._curve_rays(trainer, test))
         with measured_with_kernels(trainer):
             rgb, _, _, _ = _march(
                 trainer.field,

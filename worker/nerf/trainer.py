@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from kernels import HashGridAdam, OccupancyGrid
 from worker.memory import reuse_freed_memory
+from worker.nerf.error_map import ErrorMap
 from worker.nerf.model import NerfField
 from worker.nerf.rendering import RenderStats, render_rays
 from worker.scene.dataset import Dataset, background_rgb, composite_background
@@ -139,6 +140,11 @@ class NerfTrainer:
             self.field.encoding, config["lr"], tuple(config["adam_betas"]), config["adam_eps"]
         )
         self.generator = torch.Generator().manual_seed(config.get("seed", 0))
+        # Training pixels drawn where the error is (instant-ngp); masks keep uniform draws.
+        share = config.get("error_map_share") or 0.0
+        self.error_map = (
+            ErrorMap(data, share) if data is not None and share > 0 and data.keep is None else None
+        )
         self.step = 0
         self.n_rays = max(
             MIN_RAYS, min(config["max_rays_per_step"], config["samples_per_step"] // 256)
@@ -213,9 +219,11 @@ class NerfTrainer:
         self.field.train()
         self._update_grid()
         n = self.n_rays
-        o, d, rgba = self.data.sample(
-            n, self.generator, jitter=float(self.config.get("pixel_jitter", 1.0))
-        )
+        jitter = float(self.config.get("pixel_jitter", 1.0))
+        if self.error_map is not None:
+            o, d, rgba, drawn = self.error_map.sample(n, self.generator, jitter)
+        else:
+            o, d, rgba = self.data.sample(n, self.generator, jitter=jitter)
         o, d, rgba = o.to(self.device), d.to(self.device), rgba.to(self.device)
         bg = self._background(n)
         target = composite_background(rgba, bg)
@@ -236,6 +244,8 @@ class NerfTrainer:
             stratified=True,
         )
         loss = F.mse_loss(rgb, target)
+        if self.error_map is not None:
+            self.error_map.update(drawn, ((rgb.detach() - target) ** 2).mean(-1).cpu())
         self.opt.zero_grad(set_to_none=True)
         self.table_opt.zero_grad()
         if stats.kept:
@@ -274,6 +284,8 @@ class NerfTrainer:
                 )
         tensors.update({f"table_opt.{k}": v for k, v in self.table_opt.state_dict().items()})
         tensors["rng.generator"] = self.generator.get_state()
+        if self.error_map is not None:
+            tensors["error_map"] = self.error_map.error
         tensors["rng.torch"] = torch.get_rng_state()
         meta = {
             "kind": "nerf",
@@ -316,6 +328,8 @@ class NerfTrainer:
             {k[10:]: v for k, v in tensors.items() if k.startswith("table_opt.")}
         )
         self.generator.set_state(tensors["rng.generator"])
+        if self.error_map is not None and "error_map" in tensors:
+            self.error_map.error = tensors["error_map"].clone()
         torch.set_rng_state(tensors["rng.torch"])
         self.step = int(meta["step"])
         self.n_rays = int(meta["n_rays"])
