@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# GPU check for kernels/: build the CUDA extensions, run the CUDA parity tests (on the default
-# stream, on a side stream, under compute-sanitizer memcheck, and the shared-memory splat kernels
-# under racecheck), then the benchmark on the device. Prints JSON lines only on stdout (logs go to
-# stderr). Needs a CUDA torch, pytest and nvcc (compute-sanitizer ships with the toolkit); sized
-# for 10 minutes of one GPU including the builds.
+# GPU check: build the CUDA extensions, run the CUDA parity tests (first with
+# CUDA_LAUNCH_BLOCKING=1, so a fault names its kernel), train a nerf and a splat job of 200 steps
+# through the real API and a real Celery worker on the GPU and render them
+# (experiments/gpu_train_check.py), repeat the parity tests on a side stream, under
+# compute-sanitizer memcheck and (the shared-memory splat kernels) racecheck, then benchmark the
+# ops on the device. Each stage prints one JSON line on stdout as it ends, so a run cut short still
+# says what it reached (logs go to stderr). Needs a CUDA torch, pytest and nvcc
+# (compute-sanitizer ships with the toolkit); sized for 10 minutes of one GPU including the builds.
 #   scripts/gpu_check.sh            # from the repository root
 #   PYTHON=/path/to/python scripts/gpu_check.sh
 set -u
@@ -36,8 +39,9 @@ fi
 echo "$info"
 
 # build: one JSON line per backend; --require-cuda makes a CPU-only result a failure here. Without
-# TORCH_CUDA_ARCH_LIST the backend compiles for the visible GPUs only.
-timeout 240 "$PY" -m kernels.build --require-cuda || status=1
+# TORCH_CUDA_ARCH_LIST the backend compiles for the visible GPUs only. Its smoke calls are the
+# first CUDA launches, hence synchronous.
+CUDA_LAUNCH_BLOCKING=1 timeout 190 "$PY" -m kernels.build --require-cuda || status=1
 
 # -k cuda: the CUDA cases of these files (test_bindings.py runs each check on cpu, cuda, cuda:1)
 CUDA_TESTS="tests/kernels/test_cuda_parity.py tests/kernels/test_splat.py::test_cuda_matches_cpu_reference tests/kernels/test_bindings.py"
@@ -60,19 +64,32 @@ stage() {
 
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -k cuda)
 # The stage limits add up to 10 minutes. parity: the CUDA tests, each held against the references
-# and the CPU build (the CPU tests themselves run in CI).
-stage parity 60 "${PYTEST[@]}" $CUDA_TESTS
+# and the CPU build within the tolerances test_cuda_parity.py states (the CPU tests themselves run
+# in CI); the first pass, so launches are synchronous and a fault names its kernel.
+stage parity 50 env CUDA_LAUNCH_BLOCKING=1 "${PYTEST[@]}" $CUDA_TESTS
+
+# train: a nerf and a splat job of 200 steps each, uploaded over HTTP to `python -m
+# service.embedded` (API + Celery worker, DEVICE=cuda, the filesystem broker, or Redis where
+# REDIS_URL is set), trained, then one held-out view rendered over HTTP. Its JSON lines (service,
+# <kind>_upload, <kind>_train with steps_per_s, samples_per_s and test_psnr, <kind>_render with
+# psnr) go straight to stdout as each ends; then one line for the stage.
+t0=$(date +%s)
+timeout -k 10 130 "$PY" -m experiments.gpu_train_check --device cuda --steps 200 --timeout 120
+rc=$?
+echo "{\"stage\": \"train\", \"ok\": $([ $rc -eq 0 ] && echo true || echo false), \"rc\": $rc, \"seconds\": $(( $(date +%s) - t0 ))}"
+[ $rc -eq 0 ] || status=1
+
 # the same CUDA tests with every op issued on a side stream (tests/kernels/conftest.py)
-stage side_stream 45 env KERNELS_TEST_STREAM=side "${PYTEST[@]}" $CUDA_TESTS
+stage side_stream 35 env KERNELS_TEST_STREAM=side "${PYTEST[@]}" $CUDA_TESTS
 
 SAN=$(command -v compute-sanitizer || true)
 if [ -z "$SAN" ] && [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/compute-sanitizer" ]; then SAN="$CUDA_HOME/bin/compute-sanitizer"; fi
 if [ -z "$SAN" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then SAN=/usr/local/cuda/bin/compute-sanitizer; fi
 if [ -n "$SAN" ]; then
   # No caching allocator: each tensor is its own allocation, so memcheck sees a read past it.
-  stage memcheck 90 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SAN" --tool memcheck --error-exitcode 1 --report-api-errors no \
+  stage memcheck 75 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SAN" --tool memcheck --error-exitcode 1 --report-api-errors no \
     --target-processes all "${PYTEST[@]}" $CUDA_TESTS
-  stage racecheck 45 "$SAN" --tool racecheck --error-exitcode 1 --target-processes all \
+  stage racecheck 40 "$SAN" --tool racecheck --error-exitcode 1 --target-processes all \
     "${PYTEST[@]}" $SPLAT_CUDA
 else
   echo '{"stage": "sanitizer", "ok": false, "error": "compute-sanitizer not found (CUDA toolkit bin)"}'
@@ -80,6 +97,6 @@ else
 fi
 
 # bench: JSON lines, references vs tuned baselines vs ext on the GPU, then the splat compositors
-timeout 90 "$PY" -m experiments.kernels_bench --device cuda --ops hash_grid,hash_grid_2d,sh,composite,march,bitfield || status=1
-timeout 30 "$PY" -m experiments.splat_bench --device cuda --sizes 2500,40000 || status=1
+timeout 50 "$PY" -m experiments.kernels_bench --device cuda --ops hash_grid,hash_grid_2d,sh,composite,march,bitfield || status=1
+timeout 20 "$PY" -m experiments.splat_bench --device cuda --sizes 2500,40000 || status=1
 exit $status
