@@ -62,3 +62,24 @@ def test_signature_verifies_only_the_same_body_secret_and_recent_time():
     assert not webhooks.verify("whsec_a", header, body + b" ", now=1_000_100)
     assert not webhooks.verify("whsec_a", header, body, now=1_000_000 + 301)  # replayed later
     assert not webhooks.verify("whsec_a", "v1=abc", body)
+
+
+def test_a_finished_export_is_logged_once(tmp_path):
+    from api_schemas.exports import ExportFormat, ExportStatus
+    from core.exports import ExportStore
+
+    storage = LocalStorage(tmp_path)
+    job_id, paths = storage.new_job_dir()
+    (paths.root / "owner").write_text("k-test")
+    webhooks.save_key_settings(storage, "k-test", "https://example.com/nf", webhooks.new_secret())
+    exports = ExportStore(storage)
+    export, _ = exports.create_or_get(job_id, ExportFormat.point_cloud, {})
+    webhooks.record_export(storage, job_id, export.id)  # still queued: nothing to tell
+    assert webhooks.deliveries(paths) == []
+    exports.update(job_id, export.id, status=ExportStatus.succeeded, url="/v1/x", size=3)
+    webhooks.record_export(storage, job_id, export.id)
+    webhooks.record_export(storage, job_id, export.id)  # a redelivered task
+    (d,) = webhooks.deliveries(paths)
+    assert d.event.type == "export.finished" and d.url == "https://example.com/nf"
+    assert d.event.data["status"] == "succeeded" and d.event.data["id"] == export.id
+    assert (webhooks.pending_dir(storage) / job_id).exists()
