@@ -1,4 +1,13 @@
-"""The same parity checks on CUDA tensors (run by scripts/gpu_check.sh on a GPU machine)."""
+"""The same parity checks on CUDA tensors (run by scripts/gpu_check.sh on a GPU machine).
+
+Tolerances, since a correct kernel may round differently in the last bit (another summation order,
+atomics, the device's own exp/log): floats within rtol 1e-4, atol 1e-5 of the pure-torch reference
+and of the CPU build (`close`); marched samples equal ray by ray except where a position lands the
+other way of a cell or box boundary: at most 0.1 % of rays may differ in their sample count, by at
+most 2, and the other rays' sample starts agree within 1e-6 (`same_samples`). Occupancy bits and
+lookups are compared exactly: both sides threshold the same float densities, none of them near the
+threshold, and look up the same bits.
+"""
 
 import pytest
 import torch
@@ -60,6 +69,19 @@ def test_composite(dtype):
         close(a, b)
 
 
+def same_samples(a, b, max_ray_share=1e-3, max_count_diff=2):
+    ca, cb = a.counts.cpu(), b.counts.cpu()
+    differ = ca != cb
+    assert differ.float().mean().item() <= max_ray_share, (
+        f"{int(differ.sum())} of {ca.numel()} rays march a different number of samples"
+    )
+    assert (ca - cb).abs().max().item() <= max_count_diff
+    ia, ib = a.ray_indices.cpu(), b.ray_indices.cpu()
+    ka, kb = ~differ[ia], ~differ[ib]  # the samples of rays whose counts agree
+    assert torch.equal(ia[ka], ib[kb])
+    close(a.t_starts.cpu()[ka], b.t_starts.cpu()[kb], rtol=1e-6, atol=1e-6)
+
+
 def _grid():
     g = kernels.OccupancyGrid([-1, -1, -1, 1, 1, 1], resolution=64, n_cascades=2).to(DEV)
     g.update(lambda x: 50.0 * ((x.norm(dim=-1) - 0.6).abs() < 0.15).float(), warmup=True)
@@ -90,6 +112,4 @@ def test_march(cone):
     c = kernels.march_rays(o.cpu(), d.cpu(), g.cpu(), **kw)
     assert a.n_samples > 1000
     for other in (b, c):
-        assert torch.equal(a.counts.cpu(), other.counts.cpu())
-        assert torch.equal(a.ray_indices.cpu(), other.ray_indices.cpu())
-        close(a.t_starts.cpu(), other.t_starts.cpu(), rtol=1e-6, atol=1e-6)
+        same_samples(a, other)
