@@ -22,11 +22,17 @@ class ExportFormat(str, Enum):
     point_cloud = "point_cloud"  # coloured points, binary PLY
     gaussians = "gaussians"  # the 3D Gaussian splatting reference PLY (all SH coefficients)
     splat = "splat"  # antimatter15/splat's 32-byte-per-Gaussian layout, for web viewers
+    spz = "spz"  # Niantic's compressed splat format (quantised, gzip'd; all SH bands)
 
 
 FORMATS_BY_KIND: dict[JobKind, tuple[ExportFormat, ...]] = {
     JobKind.nerf: (ExportFormat.glb, ExportFormat.ply, ExportFormat.obj, ExportFormat.point_cloud),
-    JobKind.splat: (ExportFormat.gaussians, ExportFormat.splat, ExportFormat.point_cloud),
+    JobKind.splat: (
+        ExportFormat.gaussians,
+        ExportFormat.splat,
+        ExportFormat.spz,
+        ExportFormat.point_cloud,
+    ),
     JobKind.image: (),
 }
 MESH_FORMATS = (ExportFormat.glb, ExportFormat.ply, ExportFormat.obj)
@@ -37,6 +43,7 @@ OPTIONS_BY_FORMAT: dict[ExportFormat, tuple[str, ...]] = {
     ExportFormat.point_cloud: ("n_points", "min_opacity"),
     ExportFormat.gaussians: (),
     ExportFormat.splat: ("min_opacity",),
+    ExportFormat.spz: ("min_opacity",),
 }
 DEFAULT_RESOLUTION = 256
 # Density (per normalised length; the scene box is [-1, 1]^3 at aabb_scale 1) of the level set
@@ -85,7 +92,7 @@ class ExportOptions(BaseModel):
         ge=0,
         lt=1,
         description="splat jobs: Gaussians fainter than this are left out (default 0.05 for "
-        "point clouds, 0 for .splat files)",
+        "point clouds, 0 for .splat and .spz files)",
     )
 
 

@@ -1,6 +1,7 @@
 """Splat jobs in the browser (headless Chromium, Debian's package, driven by Playwright): the page
-fetches the job's `.splat` export and draws it with WebGL2. At a known pose its frame is compared
-with the server's render of the same pose; orbiting redraws with no request to the server."""
+fetches the job's `.spz` export and draws it with WebGL2. At a known pose its frame is compared
+with the server's render of the same pose (the job is trained with the antialiasing filter, which
+the file's flag carries to the page); orbiting redraws with no request to the server."""
 
 from __future__ import annotations
 
@@ -33,7 +34,13 @@ SCENE = Scene(
         Box((0.35, -0.3, -0.1), (0.25, 0.22, 0.3), ((0.2, 0.7, 0.3), (0.1, 0.25, 0.1)), 30.0),
     ]
 )
-CONFIG = {"steps": 150, "n_init_points": 3000, "densify_from": 100, "n_test_renders": 0}
+CONFIG = {
+    "steps": 150,
+    "n_init_points": 3000,
+    "densify_from": 100,
+    "n_test_renders": 0,
+    "antialiased": True,
+}
 FOV = 40.0
 # The browser draws the same Gaussians with the same projection and compositing rules; what
 # differs is the file (8-bit colour, opacity and rotation; no view-dependent SH, which this short

@@ -32,6 +32,7 @@ STEMS = {
     ExportFormat.point_cloud: ("points", "ply"),
     ExportFormat.gaussians: ("gaussians", "ply"),
     ExportFormat.splat: ("scene", "splat"),
+    ExportFormat.spz: ("scene", "spz"),
 }
 
 
@@ -74,6 +75,16 @@ def _splat(job, checkpoint, paths, fmt: ExportFormat, options: dict[str, Any]):
     if fmt == ExportFormat.splat:
         data, n = splat_bytes(model.params, model.normalization, options.get("min_opacity", 0.0))
         return data, {"gaussians": n}
+    if fmt == ExportFormat.spz:
+        from worker.exports.spz import spz_bytes
+
+        data, n = spz_bytes(
+            model.params,
+            model.normalization,
+            model.antialiased,
+            options.get("min_opacity", 0.0),
+        )
+        return data, {"gaussians": n, "antialiased": model.antialiased}
     return splat_point_cloud(
         model.params,
         model.normalization,

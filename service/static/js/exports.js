@@ -14,6 +14,7 @@ const FORMATS = {
   splat: [
     ["gaussians", "Gaussians, 3DGS PLY (.ply)"],
     ["splat", "web viewers (.splat)"],
+    ["spz", "compressed, Niantic SPZ (.spz)"],
     ["point_cloud", "point cloud (.ply)"],
   ],
 };

@@ -1,12 +1,14 @@
-// Splat jobs in the browser: the job's `.splat` export (antimatter15/splat's layout, 32 bytes
-// per Gaussian) drawn with WebGL2 on the client, so orbiting needs no server round trip.
+// Splat jobs in the browser: the job's `.spz` export (Niantic's compressed format, gunzipped with
+// the browser's DecompressionStream) drawn with WebGL2 on the client, so orbiting needs no server
+// round trip. `.splat` files (antimatter15/splat's layout, 32 bytes per Gaussian) parse too.
 //
 // The projection and compositing follow the server's rasteriser (kernels/splat_project.py,
 // kernels/splat.py): EWA projection with the Jacobian's view direction clamped to 1.3x the half
 // field of view, a 0.3 px^2 dilation, alpha = min(0.99, o * exp(-d^T conic d / 2)), splats under
-// 1/255 skipped, sorted by view depth and blended back to front over the background. What the
-// file drops is view-dependent colour (only the SH DC band is stored) and precision (8-bit
-// colour, opacity and rotation).
+// 1/255 skipped, sorted by view depth and blended back to front over the background; a file
+// flagged antialiased (trained with mip-splatting's filter) has each opacity scaled by
+// sqrt(det(cov2d) / det(cov2d + 0.3 I)) as the server does. What the viewer drops is
+// view-dependent colour (only the SH DC band is drawn) and precision (8-bit colour and opacity).
 
 import * as api from "./api.js";
 import { el } from "./dom.js";
@@ -33,19 +35,80 @@ export function parseSplat(buffer) {
     let w = (u8[bo + 28] - 128) / 128, x = (u8[bo + 29] - 128) / 128;
     let y = (u8[bo + 30] - 128) / 128, z = (u8[bo + 31] - 128) / 128;
     const qn = Math.hypot(w, x, y, z) || 1;
-    w /= qn; x /= qn; y /= qn; z /= qn;
-    // M = R S (rows of R scaled per column), covariance = M M^T
-    const m = [
-      (1 - 2 * (y * y + z * z)) * sx, 2 * (x * y - w * z) * sy, 2 * (x * z + w * y) * sz,
-      2 * (x * y + w * z) * sx, (1 - 2 * (x * x + z * z)) * sy, 2 * (y * z - w * x) * sz,
-      2 * (x * z - w * y) * sx, 2 * (y * z + w * x) * sy, (1 - 2 * (x * x + y * y)) * sz,
-    ];
-    const dot = (r, s) => m[3 * r] * m[3 * s] + m[3 * r + 1] * m[3 * s + 1] + m[3 * r + 2] * m[3 * s + 2];
-    const c = 6 * i;
-    cov[c] = dot(0, 0); cov[c + 1] = dot(0, 1); cov[c + 2] = dot(0, 2);
-    cov[c + 3] = dot(1, 1); cov[c + 4] = dot(1, 2); cov[c + 5] = dot(2, 2);
+    putCovariance(cov, 6 * i, w / qn, x / qn, y / qn, z / qn, sx, sy, sz);
   }
-  return { n, pos, cov, rgba };
+  return { n, pos, cov, rgba, antialiased: false };
+}
+
+// Unit quaternion (w, x, y, z) and linear scales -> the 6 covariance entries at cov[c..c+5].
+function putCovariance(cov, c, w, x, y, z, sx, sy, sz) {
+  const m = [
+    (1 - 2 * (y * y + z * z)) * sx, 2 * (x * y - w * z) * sy, 2 * (x * z + w * y) * sz,
+    2 * (x * y + w * z) * sx, (1 - 2 * (x * x + z * z)) * sy, 2 * (y * z - w * x) * sz,
+    2 * (x * z - w * y) * sx, 2 * (y * z + w * x) * sy, (1 - 2 * (x * x + y * y)) * sz,
+  ];
+  const dot = (r, s) => m[3 * r] * m[3 * s] + m[3 * r + 1] * m[3 * s + 1] + m[3 * r + 2] * m[3 * s + 2];
+  cov[c] = dot(0, 0); cov[c + 1] = dot(0, 1); cov[c + 2] = dot(0, 2);
+  cov[c + 3] = dot(1, 1); cov[c + 4] = dot(1, 2); cov[c + 5] = dot(2, 2);
+}
+
+const SH_C0 = 0.28209479177387814;
+const SPZ_MAGIC = 0x5053474e;
+
+// .spz bytes (gzip'd, versions 2 and 3; worker/exports/spz.py describes the layout) -> what
+// parseSplat returns plus `antialiased`. The file holds RUB axes converted from the job's world
+// frame as from a PLY's (y and z negated); that is undone so the page's cameras fit.
+export async function parseSpz(buffer) {
+  const stream = new Blob([buffer]).stream().pipeThrough(new DecompressionStream("gzip"));
+  const raw = await new Response(stream).arrayBuffer();
+  const dv = new DataView(raw);
+  if (raw.byteLength < 16 || dv.getUint32(0, true) !== SPZ_MAGIC) throw new Error("not an .spz file");
+  const version = dv.getUint32(4, true), n = dv.getUint32(8, true);
+  const degree = dv.getUint8(12), bits = dv.getUint8(13), flags = dv.getUint8(14);
+  if (version < 2 || version > 3) throw new Error(`.spz version ${version} is not supported`);
+  const rotBytes = version >= 3 ? 4 : 3;
+  const shDim = [0, 3, 8, 15][degree] || 0;
+  if (raw.byteLength < 16 + n * (16 + rotBytes + 3 * shDim)) throw new Error(".spz file is truncated");
+  const u8 = new Uint8Array(raw, 16);
+  const posOfs = 0, alphaOfs = 9 * n, colorOfs = 10 * n, scaleOfs = 13 * n, rotOfs = 16 * n;
+  const pos = new Float32Array(3 * n), cov = new Float32Array(6 * n), rgba = new Uint32Array(n);
+  const unitLen = 1 / (1 << bits);
+  const byte = (v) => Math.max(0, Math.min(255, Math.round(v * 255)));
+  const colour = (b) => byte((SH_C0 * (b / 255 - 0.5)) / 0.15 + 0.5);
+  const q = new Float64Array(4); // x, y, z, w in the file's axes
+  for (let i = 0; i < n; i++) {
+    for (let j = 0; j < 3; j++) {
+      const o = posOfs + 9 * i + 3 * j;
+      let v = u8[o] | (u8[o + 1] << 8) | (u8[o + 2] << 16);
+      if (v & 0x800000) v -= 0x1000000;
+      pos[3 * i + j] = (j === 0 ? v : -v) * unitLen; // back from RUB: y and z negated
+    }
+    const c = colorOfs + 3 * i, s = scaleOfs + 3 * i;
+    rgba[i] = (colour(u8[c]) | (colour(u8[c + 1]) << 8) | (colour(u8[c + 2]) << 16) | (u8[alphaOfs + i] << 24)) >>> 0;
+    if (rotBytes === 4) {
+      const o = rotOfs + 4 * i;
+      let packed = (u8[o] | (u8[o + 1] << 8) | (u8[o + 2] << 16) | (u8[o + 3] << 24)) >>> 0;
+      const largest = packed >>> 30;
+      let sum = 0;
+      for (let axis = 3; axis >= 0; axis--) {
+        if (axis === largest) continue;
+        const v = (Math.SQRT1_2 * (packed & 511)) / 511;
+        q[axis] = (packed >>> 9) & 1 ? -v : v;
+        sum += v * v;
+        packed >>>= 10;
+      }
+      q[largest] = Math.sqrt(Math.max(0, 1 - sum));
+    } else {
+      const o = rotOfs + 3 * i;
+      q[0] = u8[o] / 127.5 - 1; q[1] = u8[o + 1] / 127.5 - 1; q[2] = u8[o + 2] / 127.5 - 1;
+      q[3] = Math.sqrt(Math.max(0, 1 - q[0] * q[0] - q[1] * q[1] - q[2] * q[2]));
+    }
+    const qn = Math.hypot(q[0], q[1], q[2], q[3]) || 1;
+    // back from RUB: (w, x, y, z) -> (w, x, -y, -z)
+    putCovariance(cov, 6 * i, q[3] / qn, q[0] / qn, -q[1] / qn, -q[2] / qn,
+      Math.exp(u8[s] / 16 - 10), Math.exp(u8[s + 1] / 16 - 10), Math.exp(u8[s + 2] / 16 - 10));
+  }
+  return { n, pos, cov, rgba, antialiased: (flags & 1) === 1 };
 }
 
 // ---- cameras -------------------------------------------------------------------------
@@ -89,6 +152,7 @@ uniform highp usampler2D u_data;
 uniform mat4 u_view;
 uniform vec4 u_intr;   // fx, fy, cx, cy
 uniform vec2 u_size;   // width, height (pixels)
+uniform bool u_aa;     // the file was trained with the antialiasing filter
 in uint a_index;
 const vec2 CORNERS[6] = vec2[6](vec2(-1.0, -1.0), vec2(1.0, -1.0), vec2(-1.0, 1.0),
                                 vec2(-1.0, 1.0), vec2(1.0, -1.0), vec2(1.0, 1.0));
@@ -105,8 +169,6 @@ void main() {
   vec3 p = (u_view * vec4(uintBitsToFloat(t0.xyz), 1.0)).xyz;
   if (p.z <= 0.05) return;  // the server's near plane
   vec4 rgba = vec4(t0.w & 255u, (t0.w >> 8) & 255u, (t0.w >> 16) & 255u, t0.w >> 24) / 255.0;
-  float q = 2.0 * log(rgba.a * 255.0);  // alpha >= 1/255 only inside d^T conic d <= q
-  if (q <= 0.0) return;
   vec4 c1 = uintBitsToFloat(t1);
   vec2 c2 = uintBitsToFloat(t2.xy);
   mat3 sigma = mat3(c1.x, c1.y, c1.z, c1.y, c1.w, c2.x, c1.z, c2.x, c2.y);
@@ -121,6 +183,9 @@ void main() {
   float a = cov[0][0] + 0.3, b = cov[0][1], c = cov[1][1] + 0.3;
   float det = a * c - b * b;
   if (det <= 0.0) return;
+  if (u_aa) rgba.a *= sqrt(max(cov[0][0] * cov[1][1] - b * b, 0.0) / det);  // mip-splatting's filter
+  float q = 2.0 * log(rgba.a * 255.0);  // alpha >= 1/255 only inside d^T conic d <= q
+  if (q <= 0.0) return;
   vec2 mean = vec2(fx * p.x / p.z + u_intr.z, fy * p.y / p.z + u_intr.w);
   v_d = CORNERS[gl_VertexID % 6] * sqrt(q * vec2(a, c));
   vec2 pix = mean + v_d;
@@ -166,7 +231,7 @@ export class SplatRenderer {
     gl.linkProgram(prog);
     if (!gl.getProgramParameter(prog, gl.LINK_STATUS)) throw new Error(gl.getProgramInfoLog(prog));
     this.prog = prog;
-    this.loc = Object.fromEntries(["u_data", "u_view", "u_intr", "u_size"].map((k) => [k, gl.getUniformLocation(prog, k)]));
+    this.loc = Object.fromEntries(["u_data", "u_view", "u_intr", "u_size", "u_aa"].map((k) => [k, gl.getUniformLocation(prog, k)]));
     this.vao = gl.createVertexArray();
     gl.bindVertexArray(this.vao);
     this.indexBuf = gl.createBuffer();
@@ -179,7 +244,8 @@ export class SplatRenderer {
     this.frames = 0;
   }
 
-  setData({ n, pos, cov, rgba }) {
+  setData({ n, pos, cov, rgba, antialiased = false }) {
+    this.antialiased = antialiased;
     const gl = this.gl;
     const row = this.row;
     const rows = Math.max(1, Math.ceil(n / row));
@@ -258,6 +324,7 @@ export class SplatRenderer {
     gl.uniformMatrix4fv(this.loc.u_view, false, view);
     gl.uniform4f(this.loc.u_intr, cam.fx, cam.fy, cam.cx, cam.cy);
     gl.uniform2f(this.loc.u_size, cam.width, cam.height);
+    gl.uniform1i(this.loc.u_aa, this.antialiased ? 1 : 0);
     gl.disable(gl.DEPTH_TEST);
     gl.enable(gl.BLEND);
     gl.blendFunc(gl.ONE, gl.ONE_MINUS_SRC_ALPHA); // premultiplied, back to front
@@ -283,9 +350,10 @@ function background(job) {
   return BACKGROUNDS[b] || BACKGROUNDS.white;
 }
 
-// The job's .splat export: made on a worker on first use (POST answers the existing one after).
+// The job's .spz export (about a quarter of the .splat's bytes, and it carries the antialiasing
+// flag): made on a worker on first use (POST answers the existing one after).
 async function splatExport(jobId, onState) {
-  let state = await api.createExport(jobId, { format: "splat" });
+  let state = await api.createExport(jobId, { format: "spz" });
   while (state.status === "queued" || state.status === "running") {
     onState(state);
     await new Promise((r) => setTimeout(r, 300));
@@ -308,8 +376,8 @@ export class SplatViewer {
     this.canvas.style.width = `${Math.max(this.width, 400)}px`;
     this.canvas.nfViewer = this; // scripts and tests reach the viewer through its canvas
     this.hud = el("span", { class: "hud", id: "splat-hud" }, "");
-    this.msg = el("span", { class: "muted", id: "splat-msg" }, "preparing the .splat file…");
-    this.download = el("a", { class: "button secondary", id: "splat-download", hidden: "" }, "Download .splat");
+    this.msg = el("span", { class: "muted", id: "splat-msg" }, "preparing the .spz file…");
+    this.download = el("a", { class: "button secondary", id: "splat-download", hidden: "" }, "Download .spz");
     this.stage = el("div", { class: "stage orbit", title: "drag or arrow keys to orbit, scroll or +/- to zoom" }, this.canvas, this.hud);
     root.replaceChildren(
       el("h3", {}, "Viewer (Gaussians drawn in this browser)"),
@@ -326,11 +394,11 @@ export class SplatViewer {
       const blob = await api.download(state.url);
       if (this.disposed) return;
       this.renderer = new SplatRenderer(this.canvas);
-      this.renderer.setData(parseSplat(await blob.arrayBuffer()));
+      this.renderer.setData(await parseSpz(await blob.arrayBuffer()));
       this.download.href = state.url;
       this.download.onclick = async (ev) => {
         ev.preventDefault();
-        const a = el("a", { href: URL.createObjectURL(blob), download: `${this.job.id}.splat` });
+        const a = el("a", { href: URL.createObjectURL(blob), download: `${this.job.id}.spz` });
         a.click();
       };
       this.download.hidden = false;
