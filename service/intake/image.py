@@ -54,6 +54,8 @@ def validate_upload(
                     im.load()
                 else:
                     im.verify()  # walks chunks and CRCs without decoding pixels
+    except MemoryError:
+        raise  # the intake child's INTAKE_MEMORY_MB, not a corrupt file
     except Exception:
         raise IntakeError(422, f"the {fmt} file is truncated or corrupt") from None
     if fmt == "JPEG" and not jpeg_complete(src_path):

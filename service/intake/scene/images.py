@@ -70,6 +70,8 @@ def inspect_image(path: Path, name: str, max_pixels: int) -> ImageInfo:
                     im.load()
                 else:
                     im.verify()
+    except MemoryError:
+        raise  # the intake child's INTAKE_MEMORY_MB, not a corrupt file
     except Exception:
         raise IntakeError(422, f"image {name!r} is truncated or corrupt") from None
     if fmt == "JPEG" and not jpeg_complete(path):
