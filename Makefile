@@ -22,7 +22,8 @@ $(PY):
 # CUDA build onto a CPU host; a torch already in the venv is kept (rm -rf $(VENV) to change it).
 TORCH_PIP_ARGS = $(shell TORCH_VERSION='$(TORCH_VERSION)' TORCH_BUILD='$(TORCH_BUILD)' \
 	TORCH_INDEX_URL='$(TORCH_INDEX_URL)' PIP='$(PIP)' bash scripts/torch_pip_args.sh || echo FAIL)
-HAVE_TORCH = $(shell $(PY) -c "import torch; print(torch.__version__)" 2>/dev/null)
+# the installed torch's version, read from its metadata (importing torch takes seconds)
+HAVE_TORCH = $(shell $(PY) -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null)
 
 $(VENV)/.installed: pyproject.toml | $(PY)
 	$(if $(HAVE_TORCH),@echo "torch $(HAVE_TORCH) already installed",$(eval TORCH_ARGS := $(TORCH_PIP_ARGS))$(if $(filter FAIL,$(TORCH_ARGS)),@exit 2,$(PIP) install $(TORCH_ARGS)))
