@@ -10,9 +10,10 @@
 # auto: a CUDA build where `nvidia-smi` answers (the newest of cu130/cu128/cu126 that the
 # driver's CUDA version runs), else cpu. cpu, in this order: the `+cpu` release when the
 # configured pip sources already carry it (a wheelhouse, CI's mirror); the configured index as it
-# is when pip's configuration names one (the operator's mirror); PyTorch's CPU index on Linux,
-# whose plain PyPI wheels are CUDA builds (~3 GB with their CUDA libraries); else PyPI's wheel
-# (macOS and Windows wheels there are CPU builds).
+# is when pip's configuration names one (the operator's mirror), or when the sources cannot be
+# listed (offline: pip's own choice, as before); PyTorch's CPU index on Linux, whose plain PyPI
+# wheels are CUDA builds (~3 GB with their CUDA libraries); else PyPI's wheel (macOS and Windows
+# wheels there are CPU builds).
 set -euo pipefail
 version=${TORCH_VERSION:?TORCH_VERSION is required}
 build=${TORCH_BUILD:-auto}
@@ -53,13 +54,25 @@ esac
 if [ -n "$index" ]; then
   note "from TORCH_INDEX_URL=$index"
   echo "torch==$version --index-url $index"
+  exit 0
 elif [ "$build" != cpu ]; then
   echo "torch==$version --index-url $pytorch_index/$build"
-elif [[ ", $("$pip" index versions torch 2>/dev/null | sed -n 's/^Available versions: //p')," == *", $version+cpu,"* ]]; then
+  exit 0
+fi
+
+if listed=$("$pip" index versions torch 2>/dev/null); then
+  releases=", $(sed -n 's/^Available versions: //p' <<<"$listed"),"
+else
+  releases=""  # the sources could not be listed (offline?): pip's own choice, as before
+fi
+if [[ "$releases" == *", $version+cpu,"* ]]; then
   note "the configured pip sources carry $version+cpu"
   echo "torch==$version+cpu"
 elif [ -n "${PIP_INDEX_URL:-}" ] || [[ "$("$pip" config list 2>/dev/null)" == *.index-url=* ]]; then
   note "pip's configured index is used as it is (TORCH_INDEX_URL=$pytorch_index/cpu to take PyTorch's CPU wheels)"
+  echo "torch==$version"
+elif [ -z "$releases" ]; then
+  note "could not list torch's releases from the configured pip sources: installing as pip chooses"
   echo "torch==$version"
 elif [ "$(uname -s)" = Linux ]; then
   echo "torch==$version --index-url $pytorch_index/cpu"

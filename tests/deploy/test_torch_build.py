@@ -118,8 +118,17 @@ def test_gpu_host_takes_the_cuda_build_its_driver_runs(tmp_path, driver_cuda, bu
     assert _torch_line(_make(host)) == f"torch=={VERSION} --index-url {PYTORCH_INDEX}/{build}"
 
 
+def test_sources_that_cannot_be_listed_leave_the_choice_to_pip(tmp_path):
+    # Offline, or no torch at all in the sources: the plain pin, as before this choice existed,
+    # rather than an index that may be out of reach.
+    host = _host(tmp_path, smi=None, wheels=())
+    assert _torch_line(_make(host)) == f"torch=={VERSION}"
+
+
 def test_make_variables_override_the_detection(tmp_path):
-    host = _host(tmp_path, smi=SMI_HEADER.format(cuda="13.0"), wheels=())
+    host = _host(
+        tmp_path, smi=SMI_HEADER.format(cuda="13.0"), wheels=(f"torch-{VERSION}-py3-none-any.whl",)
+    )
     assert _torch_line(_make(host, "TORCH_BUILD=cpu")) == (
         f"torch=={VERSION} --index-url {PYTORCH_INDEX}/cpu"
         if sys.platform.startswith("linux")
