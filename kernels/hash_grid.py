@@ -307,10 +307,10 @@ class HashGridAdam:
         p = self.grid.params
         b1, b2 = self.betas
         rg = self.grid.row_grad
+        # Per-row counts never exceed the number of steps taken, which bounds the lookups
+        # without scanning every row's count (on a GPU, without waiting for it).
+        self._n_steps += 1
         if rg is not None:
-            # Per-row counts never exceed the number of steps taken, which bounds the lookups
-            # without scanning every row's count.
-            self._n_steps += 1
             bc1, bc2 = self._bias_tables(self._n_steps, p)
             _ext.for_tensor(p).hash_grid_adam(
                 p.data,
@@ -338,7 +338,7 @@ class HashGridAdam:
             return
         t = self.steps[rows].long() + 1
         self.steps[rows] = t.to(torch.int32)
-        bc1, bc2 = self._bias_tables(int(t.max()), p)
+        bc1, bc2 = self._bias_tables(self._n_steps, p)
         gr = g[rows]
         m = self.exp_avg[rows] * b1 + (1 - b1) * gr
         v = self.exp_avg_sq[rows] * b2 + (1 - b2) * gr * gr

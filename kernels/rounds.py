@@ -18,7 +18,9 @@ def cull_round_reference(
 ):
     """Pure-torch `cull_round`; the arguments are the same."""
     counts = offsets[1:] - offsets[:-1]
-    ray = torch.repeat_interleave(torch.arange(alive.numel(), device=alive.device), counts)
+    ray = torch.repeat_interleave(
+        torch.arange(alive.numel(), device=alive.device), counts, output_size=sigma.numel()
+    )
     ri = alive.index_select(0, ray)
     dt = (sigma * (t_ends - t_starts)).double()
     cs = torch.cumsum(dt, 0)

@@ -39,8 +39,15 @@ class RenderStats:
         self.kept += other.kept
 
 
+def _per_ray(ray_indices: torch.Tensor, n_rays: int) -> torch.Tensor:
+    """Samples per ray (n_rays,) int64. Not bincount: on a GPU its output size waits for the
+    largest index (a host synchronisation), where n_rays is known."""
+    counts = torch.zeros(n_rays, dtype=torch.int64, device=ray_indices.device)
+    return counts.index_add_(0, ray_indices, torch.ones_like(ray_indices))
+
+
 def _offsets(ray_indices: torch.Tensor, n_rays: int) -> torch.Tensor:
-    counts = torch.bincount(ray_indices, minlength=n_rays)
+    counts = _per_ray(ray_indices, n_rays)
     offsets = torch.zeros(n_rays + 1, dtype=torch.int64, device=ray_indices.device)
     torch.cumsum(counts, 0, out=offsets[1:])
     return offsets
@@ -157,11 +164,11 @@ def _pack_rounds(parts, n_rays: int, backend: str):
         ri, t0, t1, enc, idx = parts[0]
         return ri, t0, t1, enc.index_select(0, idx)
     # (rounds, n_rays): how many samples each ray kept in each round
-    counts = torch.stack([torch.bincount(p[0], minlength=n_rays) for p in parts])
+    counts = torch.stack([_per_ray(p[0], n_rays) for p in parts])
     before = torch.cumsum(counts, 0) - counts  # a ray's samples in its earlier rounds
     total = counts.sum(0)
     ray_start = torch.cumsum(total, 0) - total
-    n_kept = int(total.sum())
+    n_kept = sum(p[0].numel() for p in parts)  # known on the host: no wait for the device
     ri = parts[0][0].new_empty(n_kept)
     t0 = parts[0][1].new_empty(n_kept)
     t1 = parts[0][1].new_empty(n_kept)

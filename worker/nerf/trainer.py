@@ -174,7 +174,9 @@ class NerfTrainer:
         if views is None:  # a lens past 90 degrees: counted as seeing everything, as instant-ngp
             return
         intrinsics, sizes = views
-        self.grid.mark_unseen(data.c2w.to(self.device), intrinsics, sizes)
+        # The cameras' planes are computed where the dataset lives (the host) and the grid
+        # takes them to its device.
+        self.grid.mark_unseen(data.c2w, intrinsics, sizes)
         log.info("occupancy grid: %.1f %% of the cells unseen", 100 * self.unseen_fraction)
 
     @property

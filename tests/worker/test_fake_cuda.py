@@ -1,0 +1,258 @@
+"""The GPU code path of every trainer, renderer and export, run on the fake CUDA device
+(worker/fake_cuda.py): tensors stay on this CPU but carry the device they would have on a GPU, so
+a CPU tensor meeting a CUDA one fails here as it would on the first GPU run. Each test prints the
+host synchronisations a training step makes on that path (`pytest -m fake_cuda -s`)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from api_schemas.image import ImageConfig
+from core.settings import Settings
+from experiments.synthetic_scene import scene_files
+from tests.service.test_nerf_intake import to_colmap, zip_bytes
+from worker.checkpoints import CheckpointManager
+from worker.fake_cuda import FakeCudaError, fake_cuda, is_cuda
+from worker.scene.dataset import Dataset, read_meta
+
+pytestmark = pytest.mark.fake_cuda
+CUDA = torch.device("cuda")
+
+NERF = dict(
+    steps=60,
+    samples_per_step=4096,
+    max_rays_per_step=256,
+    log2_hashmap_size=14,
+    n_levels=4,
+    max_resolution=64,
+    occupancy_resolution=16,
+    occupancy_update_every=4,
+    occupancy_warmup_steps=8,
+    max_samples_per_ray=64,
+    aabb_scale=4,  # a box larger than the views: cells no camera sees
+    occupancy_threshold=1e-5,  # 50 steps leave density to mesh
+)
+SPLAT = dict(
+    steps=30,
+    sh_degree=1,
+    densify_from=5,
+    densify_every=10,
+    opacity_reset_every=25,
+    densify_until=0.9,
+    init="points3d",
+)
+RENDER = {
+    "width": 24,
+    "height": 16,
+    "camera": {"look_at": {"eye": [0.0, -3.0, 1.0], "target": [0.0, 0.0, 0.0], "up": [0, 0, 1]}},
+}
+PATH = {
+    "width": 16,
+    "height": 12,
+    "format": "gif",
+    "orbit": {"center": [0, 0, 0], "radius": 3.0, "elevation_deg": 20, "n_frames": 3},
+}
+
+
+POINTS = "# 3D point list\n1 0.1 0.2 0.3 255 0 0 0.5\n2 -0.4 0.0 0.25 0 255 0 0.1\n3 0.0 -0.3 -0.2 0 0 255 0.2\n"
+
+
+def intake(tmp_path, files, config, kind: str):
+    """The upload through the API's own intake: the job folder with its normal-form dataset."""
+    from service.intake.nerf import validate_upload as nerf
+    from service.intake.splat import validate_upload as splat
+
+    job = tmp_path / "job"
+    (job / "upload").mkdir(parents=True)
+    src = job / "upload" / "scene.zip"
+    src.write_bytes(zip_bytes(files))
+    validate = nerf if kind == "nerf" else splat
+    cfg, _ = validate(src, "scene.zip", config, job, Settings(data_dir=tmp_path))
+    return cfg, job
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # As the stacks' workers (TORCH_THREADS=1): two threads on a loaded 2-core machine spin.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def report(kind: str, before, steps: int) -> None:
+    from worker.fake_cuda import counts
+
+    spent = counts.since(before)
+    print(f"\n[fake cuda] {kind} training step: {spent.summary(steps)}")
+    for (what, name, site), n in spent.where.most_common(12):
+        print(f"    {n / steps:6.2f}/step  {what:8} {name:24} {site}")
+
+
+# -- the mode itself ------------------------------------------------------------------------
+def test_a_cpu_tensor_meeting_a_cuda_one_fails():
+    with fake_cuda():
+        planes = torch.ones(3, 3, device="cuda")
+        planted = torch.ones(3, 1)  # "forgot" .to(device)
+        with pytest.raises(FakeCudaError, match=r"mul: CPU \(3, 1\) meets CUDA \(3, 3\)"):
+            planted * planes
+        with pytest.raises(FakeCudaError, match="cat"):
+            torch.cat([planes, torch.zeros(1, 3)])
+        with pytest.raises(FakeCudaError, match="numpy"):
+            planes.numpy()
+
+
+def test_the_known_mark_unseen_mix_up_is_caught():
+    # frustum_planes with the cameras on the device and their intrinsics on the host: the bug
+    # the first GPU job would have hit (worker/nerf/trainer.py moved only c2w).
+    from kernels.occupancy import frustum_planes
+
+    c2w = torch.eye(4)[None].repeat(2, 1, 1)
+    intrinsics = torch.tensor([[50.0, 50.0, 20.0, 15.0]] * 2)
+    sizes = torch.tensor([[40.0, 30.0]] * 2)
+    with fake_cuda():
+        frustum_planes(c2w, intrinsics, sizes)  # all on the host: fine
+        with pytest.raises(FakeCudaError, match="meets CUDA"):
+            frustum_planes(c2w.to("cuda"), intrinsics, sizes)
+
+
+def test_a_correct_mixed_program_passes_and_sees_cuda():
+    with fake_cuda() as counts:
+        before = counts.snapshot()
+        assert torch.cuda.is_available()
+        x = torch.rand(8, 3).to("cuda")
+        assert x.device.type == "cuda" and x.is_cuda
+        scale = torch.tensor(2.0)  # a 0-dim host tensor is fine with CUDA ones, as on a GPU
+        net = torch.nn.Linear(3, 2).to(x.device)
+        y = net(x * scale)
+        y.sum().backward()
+        assert net.weight.grad.device.type == "cuda"
+        idx = torch.tensor([0, 2])  # a host index into a CUDA tensor: indexing moves it
+        picked = y[idx]
+        assert is_cuda(picked) and not is_cuda(idx)
+        host = picked.detach().cpu()
+        assert host.device.type == "cpu" and is_cuda(picked)
+        assert host.numpy().shape == (2, 2)
+        assert float(picked.detach().sum()) == pytest.approx(float(host.sum()))
+        spent = counts.since(before)
+    # cpu() and float() of a GPU value; x's and the module's two tensors' copies to the GPU
+    assert spent.syncs == 2 and spent.h2d == 3
+    assert not torch.cuda.is_available()
+
+
+def test_compiled_ops_run_the_cpu_build_and_refuse_a_host_tensor():
+    import kernels
+
+    with fake_cuda():
+        grid = kernels.OccupancyGrid([-1, -1, -1, 1, 1, 1], resolution=16).to("cuda")
+        inside = grid.is_occupied(torch.zeros(4, 3, device="cuda"))
+        assert is_cuda(inside) and inside.all()
+        with pytest.raises(FakeCudaError, match="occ_query .*CPU"):
+            from kernels import _ext
+
+            _ext.for_tensor(grid.bits).occ_query(
+                torch.zeros(4, 3), grid.bits, 16, grid.center, grid.half
+            )
+
+
+# -- nerf -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def blender():
+    return scene_files(size=32, n_train=12, n_test=2, seed=3)
+
+
+def test_nerf_trains_resumes_renders_and_exports_on_cuda(tmp_path, blender, capsys):
+    from worker.exports.nerf_mesh import mesh_export
+    from worker.fake_cuda import counts
+    from worker.jobs.nerf import JOB, NerfModel
+    from worker.nerf.trainer import NerfTrainer
+
+    cfg, job = intake(tmp_path, blender, NERF, "nerf")
+    meta = read_meta(job / "dataset")
+    data = Dataset(job / "dataset", "train", meta)
+    with fake_cuda():
+        trainer = NerfTrainer(cfg, meta, CUDA, data)  # marks the cells no camera sees
+        assert is_cuda(trainer.grid.density) and trainer.unseen_fraction > 0
+        updates = int(trainer.grid.n_updates)
+        before = counts.snapshot()
+        for _ in range(50):
+            last = trainer.train_step()
+        report("nerf", before, 50)
+        assert int(trainer.grid.n_updates) - updates >= 10  # occupancy updates ran
+        assert last["marched_per_ray"] > 0 and np.isfinite(last["loss"])
+        # The loss read back for progress, and an occupancy update's threshold; not one a
+        # marching round or the hash grid's Adam step (they were 1.3 a step more).
+        spent = counts.since(before)
+        assert spent.syncs <= 50 * 1.5, spent.where
+
+        # resume: the checkpoint's host tensors into a new trainer on the device
+        manager = CheckpointManager(job / "checkpoints")
+        manager.save(trainer.step, *trainer.state())
+        ckpt = manager.load_latest()
+        resumed = NerfTrainer(cfg, meta, CUDA, data)
+        resumed.load_state(ckpt.tensors, ckpt.meta)
+        assert resumed.step == 50 and is_cuda(resumed.field.encoding.params)
+        for _ in range(3):
+            resumed.train_step()
+
+        model = NerfModel(ckpt, CUDA)
+        ckpt.cache["nerf"] = model
+        png, content_type = JOB.render(None, ckpt, RENDER)
+        assert content_type == "image/png" and Image.open(io.BytesIO(png)).size == (24, 16)
+        gif, content_type = JOB.render_path(None, ckpt, PATH)
+        assert content_type == "image/gif" and Image.open(io.BytesIO(gif)).n_frames == 3
+        mesh = {"resolution": 24, "threshold": 0.01, "min_piece": 0.0}
+        data_, _ = mesh_export(model, "ply", mesh, mesh)
+        assert data_[:3] == b"ply"
+
+
+# -- splat ----------------------------------------------------------------------------------
+def test_splat_trains_densifies_renders_and_exports_on_cuda(tmp_path, blender):
+    from worker.exports.splat_files import read_splat, splat_bytes
+    from worker.fake_cuda import counts
+    from worker.jobs.splat import JOB
+    from worker.splat.trainer import SplatTrainer
+
+    files = {**to_colmap(blender), "sparse/0/points3D.txt": POINTS.encode()}
+    cfg, job = intake(tmp_path, files, SPLAT, "splat")
+    meta = read_meta(job / "dataset")
+    data = Dataset(job / "dataset", "train", meta)
+    with fake_cuda():
+        trainer = SplatTrainer(cfg, meta, CUDA, data, job / "dataset")  # from the SfM points
+        assert trainer.n == 3 and is_cuda(trainer.params["means"])
+        before = counts.snapshot()
+        for _ in range(SPLAT["steps"]):
+            trainer.train_step()
+        report("splat", before, SPLAT["steps"])
+        assert trainer.counts["densifications"] >= 1 and trainer.counts["opacity_resets"] == 1
+
+        manager = CheckpointManager(job / "checkpoints")
+        manager.save(trainer.step, *trainer.state())
+        ckpt = manager.load_latest()
+        model = JOB.model_class(ckpt, CUDA)
+        ckpt.cache["splat"] = model
+        png, _ = JOB.render(None, ckpt, RENDER)
+        assert Image.open(io.BytesIO(png)).size == (24, 16)
+        data_, n = splat_bytes(model.params, model.normalization)
+        assert n == trainer.n and len(read_splat(data_)["position"]) == n
+
+
+# -- image ----------------------------------------------------------------------------------
+def test_image_trains_and_renders_on_cuda():
+    from worker.fake_cuda import counts
+    from worker.jobs.image import _sample, fit
+
+    cfg = ImageConfig(steps=20, hidden=32, layers=2, resolution=16).model_dump(mode="json")
+    target = np.random.default_rng(0).random((12, 16, 3), dtype=np.float32)
+    with fake_cuda():
+        before = counts.snapshot()
+        model, _, psnr = fit(target, cfg, device=CUDA)
+        report("image", before, cfg["steps"])
+        assert np.isfinite(psnr) and is_cuda(next(model.parameters()))
+        pixels = _sample(model, 20, 10, CUDA)
+        assert pixels.shape == (10, 20, 3) and pixels.dtype == np.uint8
