@@ -608,11 +608,17 @@ def _patch_globals() -> _Patches:
 _local = threading.local()
 
 
+def _on_stack() -> bool:
+    return any(
+        isinstance(m, FakeCudaMode) for m in torch.overrides._get_current_function_mode_stack()
+    )
+
+
 def enable() -> FakeCudaMode:
     """Enter fake CUDA in this thread (the process-wide patches on first use); idempotent."""
     global _patches, _active_threads
     mode = getattr(_local, "mode", None)
-    if mode is not None:
+    if mode is not None and _on_stack():
         return mode
     with _lock:
         if _patches is None:
@@ -656,8 +662,28 @@ def fake_cuda() -> Iterator[Counts]:
 
 
 def enable_from_env() -> bool:
-    """Turn fake CUDA on when NF_FAKE_CUDA=1 (worker processes of the fake-CUDA tests)."""
-    if os.environ.get(ENV, "") not in ("", "0"):
-        enable()
-        return True
-    return False
+    """Turn fake CUDA on when NF_FAKE_CUDA=1 (worker processes of the fake-CUDA tests): in this
+    thread now, in every pool process a Celery worker forks, and each task's counts logged."""
+    if os.environ.get(ENV, "") in ("", "0"):
+        return False
+    import logging
+
+    from celery.signals import task_postrun, task_prerun, worker_process_init
+
+    log = logging.getLogger(__name__)
+    started: dict[str, Counts] = {}
+
+    def before(task_id=None, **_):
+        enable()  # the task runs in this thread
+        started[task_id] = counts.snapshot()
+
+    def after(task_id=None, task=None, **_):
+        spent = counts.since(started.pop(task_id, Counts()))
+        log.warning("fake CUDA: %s %s: %s", task.name if task else "?", task_id, spent.summary())
+
+    worker_process_init.connect(lambda **_: enable(), weak=False)
+    task_prerun.connect(before, weak=False)
+    task_postrun.connect(after, weak=False)
+    enable()
+    log.warning("fake CUDA on (%s=1): test-only, tensors stay on the CPU", ENV)
+    return True
