@@ -37,6 +37,7 @@ from core.scene_format import (
 )
 from core.scene_normalize import (
     OPENCV_TO_OPENGL,
+    choose_aabb_scale,
     fit_normalization,
     ngp_normalization,
     normalize_c2w,
@@ -158,6 +159,30 @@ def _decode(image: Path | np.ndarray, src: _Source, size: tuple[int, int], what:
     return im
 
 
+# A photo's background counts as one flat colour (an object on black or white: empty space
+# around it, not a room) when this share of its border pixels lies within FLAT_TOL levels of
+# their median colour; the photos' background is flat when FLAT_PHOTOS of FLAT_SAMPLES are.
+FLAT_BORDER_SHARE, FLAT_TOL, FLAT_SAMPLES, FLAT_PHOTOS = 0.6, 8, 8, 0.75
+
+
+def flat_background(frames: list[SceneFrame], srcs: list[_Source]) -> bool:
+    """Whether the photos show their subject on one flat colour (read from up to FLAT_SAMPLES
+    photos, decoded at 64 pixels on the long side)."""
+    picks = sorted(set(np.linspace(0, len(frames) - 1, min(len(frames), FLAT_SAMPLES)).round()))
+    flat = 0
+    for i in (int(k) for k in picks):
+        f, src = frames[i], srcs[i]
+        im = _decode(f.image, src, target_size(src.w, src.h, 64, None), f.name)
+        a = np.asarray(im.convert("RGB"), dtype=np.int16)
+        border = np.concatenate(
+            [a[:2], a[-2:], a[:, :2].swapaxes(0, 1), a[:, -2:].swapaxes(0, 1)], 1
+        )
+        border = border.reshape(-1, 3)
+        near = np.abs(border - np.median(border, 0)).max(1) <= FLAT_TOL
+        flat += bool(near.mean() >= FLAT_BORDER_SHARE)
+    return flat >= FLAT_PHOTOS * len(picks)
+
+
 def _place_image(
     f: SceneFrame, src: _Source, size: tuple[int, int], out_dir: Path, stem: str, move: bool
 ) -> str:
@@ -245,8 +270,9 @@ def write_scene(
 
     `long_side` / `downscale`: training resolution (see `target_size`). `ngp_scale`/`ngp_offset`:
     an instant-ngp file's normalisation, kept; otherwise it is fitted to the training cameras.
-    `aabb_scale`: the box half size (default 1). `points_xyz`/`points_rgb` (N, 3): sparse points
-    in the world frame, written as points3D.txt. `move_images`: rename image files into place
+    `aabb_scale`: the box half size; default one chosen from the cameras and points
+    (`choose_aabb_scale`: 1 for a transparent or flat background). `points_xyz`/`points_rgb`
+    (N, 3): sparse points in the world frame, written as points3D.txt. `move_images`: rename image files into place
     instead of copying them (they must be on the same file system). Raises SceneError.
     """
     if not frames:
@@ -266,7 +292,14 @@ def write_scene(
         scale, offset = ngp_normalization(ngp_scale, ngp_offset)
     else:
         scale, offset = fit_normalization(c2ws[train], tan_half[train])
-    half = float(aabb_scale or 1.0)
+    if aabb_scale:
+        half = float(aabb_scale)
+    else:
+        pts = None
+        if points_xyz is not None and len(points_xyz):
+            pts = (np.asarray(points_xyz, dtype=np.float64).reshape(-1, 3) - offset) * scale
+        empty = any(s.alpha for s in srcs) or flat_background(frames, srcs)
+        half = float(choose_aabb_scale((c2ws[:, :3, 3] - offset) * scale, pts, empty))
 
     (out_dir / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
     if any(f.mask is not None for f in frames):

@@ -115,3 +115,45 @@ def normalize_c2w(c2w: np.ndarray, scale: float, offset: np.ndarray) -> np.ndarr
     out = np.array(c2w, dtype=np.float64)
     out[:3, 3] = (out[:3, 3] - offset) * scale
     return out
+
+
+AABB_SCALE_MAX = 128  # instant-ngp's largest aabb_scale
+# Share of the sparse points the box must hold: SfM leaves a few stray points far out.
+AABB_POINTS_QUANTILE = 0.98
+# Without points, the background is taken to lie as far beyond the subject as the cameras are
+# from it: a room or a landscape around a capture taken from inside it.
+AABB_CAMERA_REACH = 2.0
+
+
+def choose_aabb_scale(
+    centres: np.ndarray, points: np.ndarray | None = None, empty_background: bool = False
+) -> int:
+    """The scene box's half size (a power of two, 1..128) for an upload that gives none.
+
+    The normalisation puts the subject in the unit box; what the photos also show around it
+    must be inside the box too, or the field has nowhere to put it and paints it as fog in
+    front of the subject. Photos of an object in empty space (a transparent or flat background)
+    keep the unit box. Otherwise the box holds the cameras and AABB_POINTS_QUANTILE of the sparse
+    points (SfM, COLMAP uploads), or, without points, AABB_CAMERA_REACH times the cameras'
+    reach, with 5 % to spare.
+
+    Args:
+        centres: (N, 3) camera centres in the normalised frame.
+        points: (M, 3) sparse points in the normalised frame, or None.
+        empty_background: the photos' background is transparent or one flat colour.
+
+    Returns:
+        1, 2, 4, ... 128 (the `aabb_scale`).
+    """
+    if empty_background:
+        return 1
+    centres = np.asarray(centres, dtype=np.float64).reshape(-1, 3)
+    reach = float(np.abs(centres).max()) if len(centres) else 1.0
+    pts = None if points is None else np.asarray(points, dtype=np.float64).reshape(-1, 3)
+    if pts is not None and len(pts):
+        extent = max(reach, float(np.quantile(np.abs(pts).max(1), AABB_POINTS_QUANTILE)))
+    else:
+        extent = AABB_CAMERA_REACH * reach
+    if not math.isfinite(extent) or extent <= 1.0:
+        return 1
+    return int(min(2 ** math.ceil(math.log2(1.05 * extent)), AABB_SCALE_MAX))

@@ -43,6 +43,7 @@ class Box:
     colors: tuple[tuple[float, float, float], tuple[float, float, float]]
     yaw_deg: float = 0.0  # rotation about world z
     cell: float = 0.2  # checker cell size in world units
+    inside: bool = False  # seen from inside (a room): its faces are lit on their inner side
 
 
 @dataclass
@@ -161,7 +162,7 @@ def _intersect_box(o, d, b: Box):
         nl = np.zeros_like(pl)
         nl[np.arange(len(pl)), ax] = np.sign(pl[np.arange(len(pl)), ax])
         check = np.floor(pl / b.cell + 1e-7).sum(1) % 2
-        return nl @ r.T, check
+        return (-nl if b.inside else nl) @ r.T, check
 
     return t, shade
 

@@ -114,3 +114,61 @@ def test_refusals(tmp_path):
     ]
     with pytest.raises(SceneError, match="mask"):
         write_scene(tmp_path / "y", bad_mask, source_format="t")
+
+
+def test_aabb_scale_is_chosen_from_the_cameras_and_points():
+    from core.scene_normalize import choose_aabb_scale
+
+    cams = np.array([[2.6, 0.0, 0.5], [-2.6, 0.3, 0.5], [0.0, 2.7, 0.4]])
+    # an object in empty space (transparent background) keeps the unit box
+    assert choose_aabb_scale(cams, None, empty_background=True) == 1
+    # the walls of a room seen by SfM, a few stray points far out
+    rng = np.random.default_rng(0)
+    walls = rng.uniform(-5.5, 5.5, (1000, 3))
+    walls[:, 0] = np.sign(walls[:, 0]) * 5.5
+    stray = np.full((5, 3), 400.0)
+    assert choose_aabb_scale(cams, np.concatenate([walls, stray])) == 8
+    # points inside the cameras' reach: the box still holds the cameras
+    assert choose_aabb_scale(cams, rng.normal(size=(100, 3)) * 0.3) == 4
+    # no points: the background is taken to be as far beyond the subject as the cameras
+    assert choose_aabb_scale(cams) == 8
+    assert choose_aabb_scale(cams * 100) == 128  # instant-ngp's largest
+    assert choose_aabb_scale(np.zeros((3, 3)), None) == 1
+
+
+def test_write_scene_chooses_the_box_unless_the_upload_gives_one(tmp_path):
+    rng = np.random.default_rng(0)
+
+    def frames(channels):
+        return [
+            SceneFrame(
+                rng.integers(0, 255, (30, 40, channels), dtype=np.uint8),
+                c2w,
+                40.0,
+                40.0,
+                20.0,
+                15.0,
+            )
+            for c2w in ring(9)
+        ]
+
+    meta = write_scene(tmp_path / "a", frames(3), source_format="test")
+    centres = np.array([f["c2w"] for f in meta["frames"]])[:, :3, 3]
+    half = meta["aabb"][1][0]
+    assert half > 1 and half >= 2 * np.abs(centres).max() and half == 2 ** round(np.log2(half))
+    meta = write_scene(tmp_path / "b", frames(4), source_format="test")
+    assert meta["aabb"] == [[-1.0] * 3, [1.0] * 3]  # RGBA: an object in empty space
+    # an object on black (a flat background): empty space too
+    on_black = frames(3)
+    for f in on_black:
+        f.image[:] = 0
+        f.image[10:20, 12:28] = rng.integers(0, 255, (10, 16, 3), dtype=np.uint8)
+    meta = write_scene(tmp_path / "flat", on_black, source_format="test")
+    assert meta["aabb"] == [[-1.0] * 3, [1.0] * 3]
+    meta = write_scene(tmp_path / "c", frames(3), source_format="test", aabb_scale=2)
+    assert meta["aabb"] == [[-2.0] * 3, [2.0] * 3]
+    pts = rng.uniform(-30, 30, (200, 3))
+    meta = write_scene(tmp_path / "d", frames(3), source_format="sfm", points_xyz=pts)
+    s, off = meta["normalization"]["scale"], np.array(meta["normalization"]["offset"])
+    inside = (np.abs((pts - off) * s) <= meta["aabb"][1][0]).all(1)
+    assert inside.mean() >= 0.98

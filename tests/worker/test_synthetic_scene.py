@@ -115,3 +115,44 @@ def test_seed_changes_poses_and_generation_is_deterministic():
     c = S.scene_files(size=8, n_train=4, n_test=2, seed=1)
     assert a == b
     assert a["transforms_test.json"] != c["transforms_test.json"]
+
+
+def test_capture_scene_is_a_phone_capture_of_an_object_in_a_room(tmp_path):
+    """experiments/capture_scene.py: portrait photos through a distorting lens, the room filling
+    them, an instant-ngp transforms.json the intake accepts (its box chosen from the cameras),
+    photos alone for SfM, and the same object in empty space."""
+    from core.settings import Settings
+    from experiments import capture_scene as C
+    from service.intake.nerf import validate_upload
+
+    files = C.capture_files(n_views=9, width=27, height=48, supersample=1)
+    posed, unposed, alone = files["posed"], files["unposed"], files["object"]
+    assert set(unposed) == set(posed) - {"transforms.json"} and len(unposed) == 9
+    t = json.loads(posed["transforms.json"])
+    assert (t["w"], t["h"]) == (27, 48) and t["k1"] == C.K1 and t["k2"] == C.K2
+    assert "aabb_scale" not in t
+    photo = np.asarray(Image.open(io.BytesIO(unposed["images/IMG_1004.jpg"])))
+    assert photo.shape == (48, 27, 3)
+    obj = np.asarray(Image.open(io.BytesIO(alone["images/obj_004.png"])))
+    assert 0.1 < (obj[..., 3] > 0).mean() < 0.6  # the object alone leaves most of it empty
+    # The lens: a ray's undistorted point, distorted again, lands on its pixel.
+    lens = C.phone_lens(27, 48)
+    c2w = np.eye(4)
+    _, d = lens.rays(c2w)
+    xu, yu = d[:, 0] / -d[:, 2], -d[:, 1] / -d[:, 2]
+    r2 = xu * xu + yu * yu
+    f = 1 + lens.k1 * r2 + lens.k2 * r2 * r2
+    u, v = xu * f * lens.fx + lens.cx, yu * f * lens.fy + lens.cy
+    i, j = np.meshgrid(np.arange(27) + 0.5, np.arange(48) + 0.5, indexing="xy")
+    assert np.allclose(u, i.reshape(-1), atol=1e-4) and np.allclose(v, j.reshape(-1), atol=1e-4)
+    # Every ray meets the room (nothing is transparent), and the intake takes the posed upload.
+    rgba = C.render(C.room_scene(), lens, C.arc_poses(3)[1], supersample=1)
+    assert (rgba[..., 3] == 1).all()
+    job = tmp_path / "job"
+    (job / "upload").mkdir(parents=True)
+    (job / "upload" / "c.zip").write_bytes(C.zip_bytes(posed))
+    validate_upload(job / "upload" / "c.zip", "c.zip", {}, job, Settings(data_dir=tmp_path))
+    meta = json.loads((job / "dataset" / "cameras.json").read_text())
+    assert meta["frames"][0]["distortion"]["k1"] == pytest.approx(C.K1)
+    centres = np.array([f["c2w"] for f in meta["frames"]])[:, :3, 3]
+    assert meta["aabb"][1][0] >= 2 * np.abs(centres).max() > 2  # the room is in the box

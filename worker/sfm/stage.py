@@ -301,9 +301,11 @@ def run(job, paths, settings, progress, cancelled) -> dict[str, Any]:
         except SceneError as exc:
             raise StageError(str(exc)) from None
         paths.artifacts.mkdir(parents=True, exist_ok=True)
-        (paths.artifacts / TRANSFORMS_ARTIFACT).write_text(
-            json.dumps(nerfstudio_transforms(result.registered, display), indent=1)
-        )
+        transforms = nerfstudio_transforms(result.registered, display)
+        # The box the dataset was given (chosen from the cameras and points unless the job set
+        # one), as instant-ngp's transforms.json carries it.
+        transforms["aabb_scale"] = meta["aabb"][1][0]
+        (paths.artifacts / TRANSFORMS_ARTIFACT).write_text(json.dumps(transforms, indent=1))
         if paths.dataset.exists():
             shutil.rmtree(paths.dataset)
         os.replace(partial, paths.dataset)
@@ -336,6 +338,7 @@ def run(job, paths, settings, progress, cancelled) -> dict[str, Any]:
             "sizes": sorted({f"{f['w']}x{f['h']}" for f in meta["frames"]}),
             "has_alpha": meta["has_alpha"],
             "normalization": meta["normalization"],
+            "aabb_scale": meta["aabb"][1][0],
             "source_format": meta["source_format"],
             "artifacts": [TRANSFORMS_ARTIFACT],
         }
