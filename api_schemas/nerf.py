@@ -9,6 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # Wall-time budget of a training job that sets no `time_limit_s`, by the worker's device: minutes
 # on a CPU; a GPU trains many more steps in its budget.
 DEFAULT_TIME_LIMIT_S = {"cpu": 300.0, "cuda": 1200.0}
+# Samples per training step a job that sets no `samples_per_step` targets, by the worker's
+# device: instant-ngp's 2^18 on a GPU; a CPU step of that size would take seconds.
+DEFAULT_SAMPLES_PER_STEP = {"cpu": 1 << 16, "cuda": 1 << 18}
 TIME_LIMIT_HELP = (
     "wall-time budget in seconds from the start of training, test-curve points, checkpoints and "
     "the final evaluation included (the job may end up to max(10 s, 5 %) later); default "
@@ -81,11 +84,13 @@ class NerfConfig(TrainingImages):
         "in proportion to their running error (instant-ngp's error map), the rest uniformly; 0: "
         "all uniform. Uploads with masks always draw uniformly",
     )
-    samples_per_step: int = Field(
-        65_536,
+    samples_per_step: int | None = Field(
+        None,
         ge=1024,
         le=1 << 22,
-        description="target number of samples per batch; rays per batch adapt to it",
+        description="target number of samples per batch; rays per batch adapt to it; default "
+        f"{DEFAULT_SAMPLES_PER_STEP['cpu']} on a CPU worker, {DEFAULT_SAMPLES_PER_STEP['cuda']} "
+        "on a GPU (instant-ngp)",
     )
     max_rays_per_step: int = Field(16_384, ge=64, le=1 << 20)
     time_limit_s: float | None = Field(None, gt=0, description=TIME_LIMIT_HELP)

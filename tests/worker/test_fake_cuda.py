@@ -170,7 +170,7 @@ def test_nerf_trains_resumes_renders_and_exports_on_cuda(tmp_path, blender, caps
     from worker.exports.nerf_mesh import mesh_export
     from worker.fake_cuda import counts
     from worker.jobs.nerf import JOB, NerfModel
-    from worker.nerf.trainer import NerfTrainer
+    from worker.nerf.trainer import NerfTrainer, samples_per_step
 
     cfg, job = intake(tmp_path, blender, NERF, "nerf")
     meta = read_meta(job / "dataset")
@@ -194,7 +194,10 @@ def test_nerf_trains_resumes_renders_and_exports_on_cuda(tmp_path, blender, caps
         manager = CheckpointManager(job / "checkpoints")
         manager.save(trainer.step, *trainer.state())
         ckpt = manager.load_latest()
-        resumed = NerfTrainer(cfg, meta, CUDA, data)
+        # (without samples_per_step: instant-ngp's 2^18 on a GPU, 2^16 on a CPU)
+        resumed = NerfTrainer({**cfg, "samples_per_step": None}, meta, CUDA, data)
+        assert resumed.config["samples_per_step"] == 1 << 18
+        assert samples_per_step({"samples_per_step": None}, torch.device("cpu")) == 1 << 16
         resumed.load_state(ckpt.tensors, ckpt.meta)
         assert resumed.step == 50 and is_cuda(resumed.field.encoding.params)
         for _ in range(3):

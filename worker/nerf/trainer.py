@@ -11,7 +11,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from api_schemas.nerf import DEFAULT_SAMPLES_PER_STEP
 from kernels import HashGridAdam, OccupancyGrid
+from worker.budget import device_type
 from worker.memory import reuse_freed_memory
 from worker.nerf.error_map import ErrorMap
 from worker.nerf.model import NerfField
@@ -49,6 +51,13 @@ def table_log2(config: dict[str, Any], meta: dict[str, Any]) -> int:
     if pixels <= 0:
         return TABLE_LOG2_MAX
     return min(max(pixels.bit_length() - 1 - 2, TABLE_LOG2_MIN), TABLE_LOG2_MAX)
+
+
+def samples_per_step(config: dict[str, Any], device) -> int:
+    """The config's samples per step, or the default for the worker's device."""
+    if config.get("samples_per_step"):
+        return int(config["samples_per_step"])
+    return DEFAULT_SAMPLES_PER_STEP[device_type(device)]
 
 
 def aabb_half(meta: dict[str, Any], config: dict[str, Any]) -> float:
@@ -102,6 +111,7 @@ class NerfTrainer:
             **config,
             "cone_angle": cone_angle(config, self.half),
             "log2_hashmap_size": table_log2(config, meta),
+            "samples_per_step": samples_per_step(config, self.device),
         }
         # Seconds of the run the learning rate decays over (set by the job from its time budget)
         # and how many of them were used; without one the schedule follows the planned steps.
@@ -147,7 +157,7 @@ class NerfTrainer:
         )
         self.step = 0
         self.n_rays = max(
-            MIN_RAYS, min(config["max_rays_per_step"], config["samples_per_step"] // 256)
+            MIN_RAYS, min(config["max_rays_per_step"], self.config["samples_per_step"] // 256)
         )
         self.train_s = 0.0  # training time over all runs, so a resumed job keeps its total
         self.eval_background = torch.tensor(
