@@ -98,6 +98,17 @@ class SplatConfig(TrainingImages):
         description="mip-splatting's 2D filter with opacity compensation (gsplat's antialiased "
         "mode) in training and every render; recorded in checkpoints and exported files",
     )
+    appearance: bool = Field(
+        False,
+        description="per-image affine colour transform (auto exposure, white balance) learnt "
+        "in training only; renders and held-out scores use none",
+    )
+    lr_appearance: float = Field(
+        1e-2,
+        gt=0,
+        le=1.0,
+        description="Adam rate of the transforms (each photo trains 1 step in N)",
+    )
     method: Literal["tiled", "naive", "reference"] = Field(
         "tiled", description="compositor used for training"
     )

@@ -31,6 +31,7 @@ from worker.splat import model as gm
 from worker.splat.ssim import ssim
 
 log = logging.getLogger(__name__)
+APPEARANCE_MEAN_WEIGHT = 1.0  # pull of the per-image transforms' mean towards the identity
 
 
 def read_points3d(path: Path, normalization: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,6 +115,12 @@ class SplatTrainer:
         self.binoms = mcmc.binomial_table() if self.mcmc else None
         self.params = {k: v.to(device) for k, v in self._init(dataset_dir).items()}
         self._make_optimizer()
+        # Per-image affine colour transforms (training only), rows [M | b]: rgb' = M rgb + b
+        self.appearance = None
+        if config.get("appearance"):
+            eye = torch.eye(3, 4, device=device)
+            self.appearance = torch.nn.Parameter(eye.repeat(len(self.images), 1, 1))
+            self.app_opt = torch.optim.Adam([self.appearance], lr=config["lr_appearance"])
         self._reset_stats()
         self.densify_until = config["densify_until"] * config["steps"]
         # Seconds of the job's budget at which training ends (set by the job, as for nerf)
@@ -210,6 +217,8 @@ class SplatTrainer:
                 t[f"m2_{k}"] = st["exp_avg_sq"].detach().cpu().contiguous()
                 adam_step = float(st["step"])
         t["adam_step"] = torch.tensor(adam_step)
+        if self.appearance is not None:
+            t["appearance"] = self.appearance.detach().cpu().contiguous()
         meta = {
             "kind": "splat",
             "config": self.config,
@@ -231,6 +240,9 @@ class SplatTrainer:
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         self.params = {k: tensors[k].to(self.device) for k in gm.NAMES}
+        if self.appearance is not None and "appearance" in tensors:
+            self.appearance = torch.nn.Parameter(tensors["appearance"].to(self.device))
+            self.app_opt = torch.optim.Adam([self.appearance], lr=self.config["lr_appearance"])
         moments = tensors if "m1_means" in tensors else None
         self._make_optimizer(moments)
         self._reset_stats()
@@ -269,18 +281,31 @@ class SplatTrainer:
         bg = self._background()
         target = composite_background(self.images.rgba[i].to(self.device), bg)
         out = gm.render(self.params, cam, bg, self.active_degree(), c["method"], self.antialiased)
+        rgb = out.rgb
+        if self.appearance is not None:  # this photo's exposure / white balance
+            a = self.appearance[i]
+            rgb = rgb @ a[:, :3].T + a[:, 3]
         keep = self.images.keep[i]
         if keep is not None:  # masked pixels take the render's own colour: no gradient from them
-            target = torch.where(keep.to(self.device)[..., None], target, out.rgb.detach())
-        l1 = (out.rgb - target).abs().mean()
-        loss = (1 - c["lambda_dssim"]) * l1 + c["lambda_dssim"] * (1 - ssim(out.rgb, target))
+            target = torch.where(keep.to(self.device)[..., None], target, rgb.detach())
+        l1 = (rgb - target).abs().mean()
+        loss = (1 - c["lambda_dssim"]) * l1 + c["lambda_dssim"] * (1 - ssim(rgb, target))
+        if self.appearance is not None:
+            # The transforms' mean stays the identity: the Gaussians keep the colours of an
+            # average photo, which is what renders without a transform (held-out views) show.
+            eye = torch.eye(3, 4, device=self.device)
+            loss = loss + APPEARANCE_MEAN_WEIGHT * ((self.appearance.mean(0) - eye) ** 2).sum()
         if self.mcmc:  # the paper's L1 priors: unneeded Gaussians fade out and shrink
             loss = loss + c["mcmc_opacity_reg"] * torch.sigmoid(self.params["opacities"]).mean()
             loss = loss + c["mcmc_scale_reg"] * torch.exp(self.params["scales"]).mean()
         self.opt.zero_grad(set_to_none=True)
+        if self.appearance is not None:
+            self.app_opt.zero_grad(set_to_none=True)
         loss.backward()
+        if self.appearance is not None:
+            self.app_opt.step()
         with torch.no_grad():
-            mse = float(((out.rgb - target) ** 2).mean())
+            mse = float(((rgb - target) ** 2).mean())
             if (
                 not self.mcmc
                 and self.sched < self.densify_until
