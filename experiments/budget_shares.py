@@ -6,6 +6,7 @@ then asks for a `--width` x `--height` frame (1080x1920 by default), which the A
 render job (202), and prints how long it took to have it.
 
     python -m experiments.budget_shares [--size 400] [--time-limit 300] [--width 1080 --height 1920]
+        [--config '{"occupancy_warmup_steps": 16}']
 
 Timings depend on the machine's load: say what else ran."""
 
@@ -27,6 +28,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", type=int, default=400)
     ap.add_argument("--time-limit", type=float, default=None, help="default: the CPU's 300 s")
+    ap.add_argument("--config", type=json.loads, default={}, help="job config overrides (JSON)")
     ap.add_argument("--width", type=int, default=1080)
     ap.add_argument("--height", type=int, default=1920)
     args = ap.parse_args()
@@ -35,7 +37,9 @@ def main() -> None:
         stack = new_stack(Path(tmp), env={"TORCH_THREADS": "2"})
         try:
             scene = scene_upload(args.size, 44, 7)
-            config = {"time_limit_s": args.time_limit} if args.time_limit else {}
+            config = {**args.config}
+            if args.time_limit:
+                config["time_limit_s"] = args.time_limit
             r = stack.submit(
                 scene["zip"],
                 "scene.zip",
@@ -87,6 +91,7 @@ def main() -> None:
                 print(f"render job {state['status']} {state.get('error') or ''}")
             if r.status_code == 200:
                 print(f"frame {decode(r.content).size} after {time.monotonic() - t0:.1f} s")
+                print(f"load average after the render: {os.getloadavg()}")
         finally:
             stack.stop()
     print(f"load average at the end: {os.getloadavg()}")

@@ -18,7 +18,10 @@ from typing import Any
 
 from api_schemas.nerf import DEFAULT_TIME_LIMIT_S
 
-EVAL_SHARE = 0.1  # the most of a budget the final evaluation may be planned to take
+EVAL_SHARE = 0.1  # the most of a budget the final evaluation is planned to take...
+# ...unless scoring every view on MIN_EVAL_PIXELS alone would take longer (a starved worker):
+# then what that takes, up to this share, so the job still ends within budget + allowance.
+EVAL_MAX_SHARE = 0.25
 CURVE_SHARE = 0.02  # the most of the training time test-curve points may take
 # The final evaluation also scores and encodes what it renders; curve points only render.
 EVAL_OVERHEAD = 1.5
@@ -63,16 +66,19 @@ class TimeBudget:
     def left(self) -> float:
         return self.limit_s - self.used()
 
-    def eval_reserve(self, pixels: int) -> float:
-        """Seconds kept for the final evaluation of `pixels` test pixels (every test view)."""
+    def eval_reserve(self, view_pixels: Sequence[int]) -> float:
+        """Seconds kept for the final evaluation of every test view (their pixel counts)."""
         cap = EVAL_SHARE * self.limit_s
         if self.eval_s_per_pixel is None:
             return cap
-        return min(cap, self.eval_s_per_pixel * EVAL_OVERHEAD * pixels)
+        rate = self.eval_s_per_pixel * EVAL_OVERHEAD
+        full = rate * sum(view_pixels)
+        floor = rate * sum(min(p, MIN_EVAL_PIXELS) for p in view_pixels)
+        return min(max(min(cap, full), floor), EVAL_MAX_SHARE * self.limit_s)
 
-    def training_end(self, pixels: int) -> float:
+    def training_end(self, view_pixels: Sequence[int]) -> float:
         """Budget seconds at which training should stop."""
-        return self.limit_s - self.eval_reserve(pixels)
+        return self.limit_s - self.eval_reserve(view_pixels)
 
     def shares(self, train_s: float) -> dict[str, float]:
         """What each part took, as a share of the budget."""

@@ -45,17 +45,33 @@ def test_eta_never_passes_the_deadline():
 
 
 def test_budget_reserves_evaluation_and_counts_resumed_time():
-    from worker.budget import EVAL_OVERHEAD, EVAL_SHARE, TimeBudget, allowance, time_limit
+    from worker.budget import (
+        EVAL_MAX_SHARE,
+        EVAL_OVERHEAD,
+        EVAL_SHARE,
+        MIN_EVAL_PIXELS,
+        TimeBudget,
+        allowance,
+        time_limit,
+    )
 
     assert time_limit({"time_limit_s": None}, "cpu") < time_limit({"time_limit_s": None}, "cuda")
     assert time_limit({"time_limit_s": 42}, "cuda") == 42
     b = TimeBudget(100.0, used_s=30.0, spent={"checkpoint": 2.0})
     assert 30.0 <= b.used() < 31.0
     assert b.spent == {"curve": 0.0, "checkpoint": 2.0, "eval": 0.0}
-    assert b.training_end(10**6) == 100.0 - EVAL_SHARE * 100.0  # nothing measured yet: the cap
+    views = [250_000] * 4
+    assert b.training_end(views) == 100.0 - EVAL_SHARE * 100.0  # nothing measured yet: the cap
     b.eval_s_per_pixel = 1e-6
-    assert b.training_end(10**6) == pytest.approx(100.0 - EVAL_OVERHEAD)
-    assert b.training_end(10**9) == 100.0 - EVAL_SHARE * 100.0  # never more than the cap
+    assert b.training_end(views) == pytest.approx(100.0 - EVAL_OVERHEAD)
+    assert b.training_end(views * 1000) == 100.0 - EVAL_SHARE * 100.0  # at most the cap...
+    # ...unless every view at its smallest (MIN_EVAL_PIXELS) takes longer (a starved worker):
+    # that much, up to EVAL_MAX_SHARE, so the job still ends in time.
+    b.eval_s_per_pixel = 2e-3
+    assert b.training_end(views) == pytest.approx(
+        100.0 - 2e-3 * EVAL_OVERHEAD * 4 * MIN_EVAL_PIXELS
+    )
+    assert b.training_end(views * 10) == 100.0 - EVAL_MAX_SHARE * 100.0
     assert allowance(100.0) == 10.0 and allowance(1000.0) == 50.0
     assert b.shares(80.0) == {"train": 0.8, "curve": 0.0, "checkpoint": 0.02, "eval": 0.0}
 

@@ -151,7 +151,8 @@ class NerfJob(SceneJob):
         g = torch.Generator().manual_seed(0)
         pool = torch.arange(test.n_pixels) if test.keep is None else test.keep.nonzero().flatten()
         if len(pool) > CURVE_PIXELS:
-            pool = pool[torch.randperm(len(pool), generator=g)[:CURVE_PIXELS]].sort().values
+            # random order: a point on the first n of them still samples every view
+            pool = pool[torch.randperm(len(pool), generator=g)[:CURVE_PIXELS]]
         o, d, rgba = test.rays_of(pool)
         target = composite_background(rgba, trainer.eval_background.cpu())
         trainer.curve_rays = (o.to(trainer.device), d.to(trainer.device), target)
@@ -163,7 +164,7 @@ class NerfJob(SceneJob):
         train_s: how quality grows with training time, which the quality script compares across
         backends, and the render speed the final evaluation plans with. Points come every
         CURVE_INTERVAL_S of training (sooner in short budgets) and take at most CURVE_SHARE of
-        the training time."""
+        the training time (fewer pixels when rendering is slow)."""
         budget = getattr(trainer, "time_budget", None)
         limit = budget.limit_s if budget is not None else float("inf")
         due = getattr(trainer, "next_curve_s", None)
@@ -173,8 +174,13 @@ class NerfJob(SceneJob):
             )
         if trainer.train_s < due or trainer.step < trainer.config["occupancy_warmup_steps"]:
             return
-        spent = self._curve_point(trainer, test)
         interval = min(CURVE_INTERVAL_S, CURVE_SHARE_BETWEEN * limit)
+        # The first point probes the render speed on PROBE_PIXELS; later ones take as many of
+        # the CURVE_PIXELS as CURVE_SHARE of the interval pays for (a starved worker renders
+        # slowly), so no point costs much more than its share.
+        rate = budget.eval_s_per_pixel if budget is not None else None
+        n = PROBE_PIXELS if rate is None else int(CURVE_SHARE * interval / max(rate, 1e-12))
+        spent = self._curve_point(trainer, test, min(max(n, PROBE_PIXELS), CURVE_PIXELS))
         trainer.next_curve_s = trainer.train_s + max(interval, spent / CURVE_SHARE)
 
     def before_evaluation(self, trainer, test):

@@ -171,9 +171,9 @@ class SceneJob:
         ctx.progress.set_deadline(budget.left())
         ctx.progress.report(trainer.step, steps, force=True)
         last: dict[str, float] = {}
-        while trainer.step < steps and budget.used() < budget.training_end(sum(test_pixels)):
+        while trainer.step < steps and budget.used() < budget.training_end(test_pixels):
             ctx.raise_if_cancelled()
-            trainer.lr_horizon_s = budget.training_end(sum(test_pixels))
+            trainer.lr_horizon_s = budget.training_end(test_pixels)
             trainer.budget_used_s = budget.used()
             last = trainer.train_step()
             # This run's first step is reported at once: the first loss and PSNR are there to
