@@ -75,18 +75,33 @@ def start_service(data_dir: Path, port: int, token: str, device: str, log) -> su
     )
 
 
-def stop_service(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)  # the launcher stops its worker (warm shutdown)
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            proc.wait(timeout=8)
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def stop_service(proc: subprocess.Popen) -> None:
+    # The launcher runs its worker in a session of its own: note it before the launcher goes.
+    workers = _children(proc.pid)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # the launcher stops its worker, SIGKILL after 15 s
+        try:
+            proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            proc.kill()
             proc.wait()
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # anything of the group still there
-    except ProcessLookupError:
-        pass
+    for pgid in [proc.pid, *workers]:  # whatever of either group is still there
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def wait_ready(client: httpx.Client, proc: subprocess.Popen, deadline: float) -> dict:
@@ -172,6 +187,9 @@ def run_kind(
     job = wait_job(client, job_id, deadline)
     stats = train_stats(kind, job, size * size)
     ok = job.get("status") == "succeeded"
+    if job.get("status") not in TERMINAL:
+        stats["timed_out"] = True
+        client.post(f"/v1/jobs/{job_id}/cancel")  # the next kind gets the worker
     emit(f"{kind}_train", ok=ok, wall_s=round(time.monotonic() - t0, 1), **stats)
     if not ok:
         return False
@@ -253,6 +271,10 @@ def main(argv=None) -> int:
                 views=args.views,
             )
             for kind in [k.strip() for k in args.kinds.split(",") if k.strip()]:
+                if time.monotonic() > deadline - 10:
+                    emit(f"{kind}_upload", ok=False, skipped="no time left (--timeout)")
+                    failed = True
+                    continue
                 config = {"steps": args.steps, **json.loads(getattr(args, f"{kind}_config"))}
                 try:
                     ok = run_kind(client, kind, data, files, args.size, config, deadline)

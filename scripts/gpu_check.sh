@@ -9,6 +9,8 @@
 # (compute-sanitizer ships with the toolkit); sized for 10 minutes of one GPU including the builds.
 #   scripts/gpu_check.sh            # from the repository root
 #   PYTHON=/path/to/python scripts/gpu_check.sh
+# On a GPU machine whose Python has torch but not the service's packages, carry the wheels that
+# scripts/gpu_wheels.sh fetched into .whl/: they are installed into /tmp/site for this run.
 set -u
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-}"
@@ -22,9 +24,19 @@ fi
 export KERNELS_BUILD_DIR="${KERNELS_BUILD_DIR:-/tmp/kernels-build}"
 status=0
 
+if ls .whl/*.whl >/dev/null 2>&1 && ! "$PY" -c "import fastapi, celery, pydantic_settings" 2>/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl >&2 && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
 info=$("$PY" - <<'PYEOF' 2>/dev/null
 import json, torch
 d = {"stage": "env", "torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
+try:
+    import celery, fastapi, pydantic_settings  # the training stage's service
+    d["service_packages"] = True
+except ImportError as exc:
+    d["service_packages"] = f"missing: {exc.name} (scripts/gpu_wheels.sh)"
 if torch.cuda.is_available():
     d["device"] = torch.cuda.get_device_name(0)
     d["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
@@ -41,7 +53,11 @@ echo "$info"
 # build: one JSON line per backend; --require-cuda makes a CPU-only result a failure here. Without
 # TORCH_CUDA_ARCH_LIST the backend compiles for the visible GPUs only. Its smoke calls are the
 # first CUDA launches, hence synchronous.
-CUDA_LAUNCH_BLOCKING=1 timeout 190 "$PY" -m kernels.build --require-cuda || status=1
+t0=$(date +%s)
+CUDA_LAUNCH_BLOCKING=1 timeout 190 "$PY" -m kernels.build --require-cuda
+rc=$?
+echo "{\"stage\": \"build\", \"ok\": $([ $rc -eq 0 ] && echo true || echo false), \"rc\": $rc, \"seconds\": $(( $(date +%s) - t0 ))}"
+[ $rc -eq 0 ] || status=1
 
 # -k cuda: the CUDA cases of these files (test_bindings.py runs each check on cpu, cuda, cuda:1)
 CUDA_TESTS="tests/kernels/test_cuda_parity.py tests/kernels/test_splat.py::test_cuda_matches_cpu_reference tests/kernels/test_bindings.py"
@@ -74,7 +90,8 @@ stage parity 50 env CUDA_LAUNCH_BLOCKING=1 "${PYTEST[@]}" $CUDA_TESTS
 # <kind>_upload, <kind>_train with steps_per_s, samples_per_s and test_psnr, <kind>_render with
 # psnr) go straight to stdout as each ends; then one line for the stage.
 t0=$(date +%s)
-timeout -k 10 130 "$PY" -m experiments.gpu_train_check --device cuda --steps 200 --timeout 120
+# (--timeout bounds the jobs; stopping the service takes up to 20 s more)
+timeout -k 5 130 "$PY" -m experiments.gpu_train_check --device cuda --steps 200 --timeout 100
 rc=$?
 echo "{\"stage\": \"train\", \"ok\": $([ $rc -eq 0 ] && echo true || echo false), \"rc\": $rc, \"seconds\": $(( $(date +%s) - t0 ))}"
 [ $rc -eq 0 ] || status=1
