@@ -166,8 +166,9 @@ def blender():
     return scene_files(size=32, n_train=12, n_test=2, seed=3)
 
 
-def test_nerf_trains_resumes_renders_and_exports_on_cuda(tmp_path, blender, capsys):
+def test_nerf_trains_resumes_renders_and_exports_on_cuda(tmp_path, blender, monkeypatch):
     from worker.exports.nerf_mesh import mesh_export
+    from worker.exports.nerf_points import nerf_point_cloud
     from worker.fake_cuda import counts
     from worker.jobs.nerf import JOB, NerfModel
     from worker.nerf.trainer import NerfTrainer, samples_per_step
@@ -209,16 +210,27 @@ def test_nerf_trains_resumes_renders_and_exports_on_cuda(tmp_path, blender, caps
         assert content_type == "image/png" and Image.open(io.BytesIO(png)).size == (24, 16)
         gif, content_type = JOB.render_path(None, ckpt, PATH)
         assert content_type == "image/gif" and Image.open(io.BytesIO(gif)).n_frames == 3
+        with open(tmp_path / "path.mp4", "wb") as out:  # a path job's file
+            frames = []
+            JOB.render_path_to(
+                None, ckpt, {**PATH, "format": "mp4"}, out, lambda done, n: frames.append(done)
+            )
+        assert len(frames) == 3 and (tmp_path / "path.mp4").stat().st_size > 0
         mesh = {"resolution": 24, "threshold": 0.01, "min_piece": 0.0}
         data_, _ = mesh_export(model, "ply", mesh, mesh)
         assert data_[:3] == b"ply"
+        # 53 steps make no opaque surface yet; the device path is the same at any threshold
+        monkeypatch.setattr("worker.exports.nerf_points.MIN_OPACITY", 0.01)
+        cloud, stats = nerf_point_cloud(model, data, 200)
+        assert cloud[:3] == b"ply" and stats["points"] > 0
 
 
 # -- splat ----------------------------------------------------------------------------------
 def test_splat_trains_densifies_renders_and_exports_on_cuda(tmp_path, blender):
-    from worker.exports.splat_files import read_splat, splat_bytes
+    from worker.exports.splat_files import read_splat, splat_bytes, splat_point_cloud
     from worker.fake_cuda import counts
     from worker.jobs.splat import JOB
+    from worker.splat.ply import ply_bytes, read_ply
     from worker.splat.trainer import SplatTrainer
 
     files = {**to_colmap(blender), "sparse/0/points3D.txt": POINTS.encode()}
@@ -243,6 +255,10 @@ def test_splat_trains_densifies_renders_and_exports_on_cuda(tmp_path, blender):
         assert Image.open(io.BytesIO(png)).size == (24, 16)
         data_, n = splat_bytes(model.params, model.normalization)
         assert n == trainer.n and len(read_splat(data_)["position"]) == n
+        ply = ply_bytes(model.params, model.normalization, model.antialiased)
+        assert len(read_ply(ply)["x"]) == n
+        cloud, stats = splat_point_cloud(model.params, model.normalization, 100, 0.0)
+        assert cloud[:3] == b"ply" and stats["points"] > 0
 
 
 # -- image ----------------------------------------------------------------------------------
