@@ -220,6 +220,9 @@ class FakeCudaMode(TorchFunctionMode):
         handler = getattr(self, "_op_" + name.strip("_"), None) if name in _SPECIAL else None
         if handler is not None:
             return handler(func, args, kwargs)
+        base = name.split(".")[0]  # torch.ops overloads: "march_rays.default"
+        if base in _HOST_ARGS or base in _WAITS_INSIDE:
+            return self._library_op(func, base, args, kwargs)
         if name in _NUMPY and is_cuda(args[0]):
             raise FakeCudaError(
                 f"{name} of a CUDA tensor {tuple(args[0].shape)}: numpy needs it on the host first"
@@ -358,6 +361,31 @@ class FakeCudaMode(TorchFunctionMode):
             _count("implicit", "boolean-mask index_put")
         out = func(*args, **kwargs)
         _mark(out, is_cuda(dst), keep=(dst,))
+        return out
+
+    def _library_op(self, func, name: str, args, kwargs):
+        # Our kernels as torch.library ops: the dispatcher runs the CPU kernel (the tensors are
+        # on the CPU); the device checks are the compiled modules' (_CheckedOps).
+        tensors = [
+            t
+            for i, a in enumerate(args)
+            for t in _tensors(a, [])
+            if i not in _HOST_ARGS.get(name, ())
+        ]
+        tensors += _tensors(kwargs, [])
+        cuda = bool(tensors) and is_cuda(tensors[0])
+        for i in _HOST_ARGS.get(name, ()):
+            if i < len(args) and is_cuda(args[i]):
+                raise FakeCudaError(f"{name}: argument {i} is read on the host, got CUDA")
+        for t in tensors:
+            if is_cuda(t) != cuda:
+                raise FakeCudaError(
+                    f"device mix-up in {name}: {_describe(t)} with {_describe(tensors[0])}"
+                )
+        if cuda and name in _WAITS_INSIDE:
+            _count("implicit", name)
+        out = func(*args, **kwargs)
+        _mark(out, cuda)
         return out
 
     def _op_get_device(self, func, args, kwargs):

@@ -160,6 +160,20 @@ def test_compiled_ops_run_the_cpu_build_and_refuse_a_host_tensor():
             )
 
 
+def test_our_ops_as_torch_library_ops_are_checked_too():
+    # The kernels as torch.library ops (issue 26, part 1): the dispatcher runs the CPU kernel;
+    # the mode still checks the devices and counts march_rays' read-back.
+    with torch.library._scoped_library("nf_fake_cuda_test", "DEF") as lib, fake_cuda() as counts:
+        lib.define("march_rays(Tensor o, Tensor d) -> Tensor")
+        lib.impl("march_rays", lambda o, d: o + d, "CPU")
+        before = counts.snapshot()
+        o = torch.ones(3, device="cuda")
+        assert is_cuda(torch.ops.nf_fake_cuda_test.march_rays(o, o))
+        assert counts.since(before).implicit == 1
+        with pytest.raises(FakeCudaError, match="march_rays"):
+            torch.ops.nf_fake_cuda_test.march_rays(o, torch.ones(3))
+
+
 # -- nerf -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def blender():
