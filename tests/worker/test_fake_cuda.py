@@ -289,3 +289,16 @@ def test_image_trains_and_renders_on_cuda():
         assert np.isfinite(psnr) and is_cuda(next(model.parameters()))
         pixels = _sample(model, 20, 10, CUDA)
         assert pixels.shape == (10, 20, 3) and pixels.dtype == np.uint8
+
+
+def test_a_host_tensor_planted_in_a_trainer_fails_it(monkeypatch):
+    # The image trainer's pixel grid left on the host, as a forgotten `device=` would leave it.
+    import worker.jobs.image as image
+
+    grid = image.pixel_grid
+    monkeypatch.setattr(image, "pixel_grid", lambda w, h, device=None: grid(w, h))
+    cfg = ImageConfig(steps=2, hidden=16, layers=2, resolution=8).model_dump(mode="json")
+    target = np.zeros((8, 8, 3), dtype=np.float32)
+    image.fit(target, cfg, device=torch.device("cpu"))  # on the CPU nothing is wrong
+    with fake_cuda(), pytest.raises(FakeCudaError, match="meets CUDA"):
+        image.fit(target, cfg, device=CUDA)
