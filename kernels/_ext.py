@@ -1,12 +1,16 @@
 """The one build backend for every compiled extension (JIT, cached).
 
-Each extension (`NERF`, `SPLAT`) has two torch bindings with the same functions: a CPU one
-(one translation unit, g++ -O3 + OpenMP) and a CUDA one (only where torch has CUDA). Both include
-`csrc/binding_checks.h`, so the CPU and CUDA modules refuse the same arguments. The CUDA
-binding links the extension's `.cu` launchers, which this module compiles with nvcc itself: they
-include no torch header, and each source carries its own flags (`--fmad=false` only where bit
-parity with the reference needs it). The CPU binding and the CUDA link go through
-`torch.utils.cpp_extension.load` + ninja.
+Each extension (`NERF`, `SPLAT`) is a torch.library namespace (`torch.ops.nf`,
+`torch.ops.nf_splat`) whose op schemas and argument checks are written once (`csrc/ops.h`). Two
+shared libraries register kernels for it: the CPU library (one translation unit, g++ -O3 +
+OpenMP), which also defines the schemas and so is always loaded first, and the CUDA library (only
+where torch has CUDA), which registers the CUDA dispatch key. The dispatcher then picks the kernel
+by the tensors' real device. The CUDA library links the extension's `.cu` launchers, which this
+module compiles with nvcc itself: they include no torch header, and each source carries its own
+flags (`--fmad=false` only where bit parity with the reference needs it). The CPU library and the
+CUDA link go through `torch.utils.cpp_extension.load` + ninja. After the CPU library loads,
+`kernels/_fake.py` registers every op's fake implementation (shapes, dtypes, devices) for
+FakeTensor tracing and torch.compile.
 
 Build outputs live in `$KERNELS_BUILD_DIR` or `<repo>/.kernels-build/`, one folder per source
 version: the module name carries a hash of every file and flag of the extension, so an edited
@@ -55,15 +59,17 @@ class CudaSource:
 
 @dataclass(frozen=True)
 class Extension:
-    """A compiled extension: its CPU binding, its CUDA binding and the launchers that links."""
+    """A compiled extension: its op namespace, its CPU and CUDA libraries and the launchers the
+    CUDA one links."""
 
     name: str
+    namespace: str
     cpu_binding: str
     cuda_binding: str
     cuda_sources: tuple[CudaSource, ...]
 
     def files(self) -> list[str]:
-        # Every header counts: the bindings share binding_checks.h, which includes the others.
+        # Every header counts: the libraries share ops.h and binding_checks.h, which include the others.
         headers = {p.name for p in CSRC.iterdir() if p.suffix in (".h", ".cuh")}
         return sorted(
             {self.cpu_binding, self.cuda_binding, *headers} | {s.name for s in self.cuda_sources}
@@ -83,6 +89,7 @@ class Extension:
 
 NERF = Extension(
     name="kernels",
+    namespace="nf",
     cpu_binding="cpu_ops.cpp",
     cuda_binding="cuda_binding.cpp",
     cuda_sources=(
@@ -96,6 +103,7 @@ NERF = Extension(
 
 SPLAT = Extension(
     name="kernels_splat",
+    namespace="nf_splat",
     cpu_binding="splat_cpu.cpp",
     cuda_binding="splat_cuda_binding.cpp",
     # No FMA ban: the splat parity tests compare with a tolerance, and cut-offs (alpha >= 1/255,
@@ -106,11 +114,30 @@ SPLAT = Extension(
 EXTENSIONS = (NERF, SPLAT)
 
 _lock = threading.Lock()
-_loaded: dict[tuple[str, str], object] = {}
+_loaded: dict[tuple[str, str], Ops] = {}
 
 
 class KernelBuildError(RuntimeError):
     """The compiled backend could not be built; the message names what is missing."""
+
+
+class Ops:
+    """The ops of one extension, `torch.ops.<namespace>.<op>`, as attributes (`ops.sh_encode(...)`).
+
+    Held once the library that registers them is loaded. The dispatcher picks each call's kernel
+    by the tensors' device, whichever library's `Ops` the call went through; `__file__` is the
+    library's path.
+    """
+
+    def __init__(self, ext: Extension, path: str):
+        import torch
+
+        self.__file__ = path
+        ns = getattr(torch.ops, ext.namespace)
+        for name in torch._C._dispatch_get_all_op_names():
+            prefix, _, op = name.partition("::")
+            if prefix == ext.namespace:
+                setattr(self, op.split(".")[0], getattr(ns, op.split(".")[0]))
 
 
 def build_dir() -> Path:
@@ -210,9 +237,17 @@ def _compile_objects(ext: Extension, out: Path) -> list[str]:
         return list(ex.map(one, ext.cuda_sources))
 
 
-def load(ext: Extension, device_type: str):
-    """The compiled module of `ext` for 'cpu' or 'cuda' tensors, built on first use."""
+def load(ext: Extension, device_type: str) -> Ops:
+    """The ops of `ext` with the library for 'cpu' or 'cuda' tensors loaded, built on first use.
+
+    The CUDA library registers kernels for ops the CPU library defines: it loads that one first.
+    """
     key = (ext.name, device_type)
+    ops = _loaded.get(key)  # without the lock: torch.compile traces this lookup, not a lock
+    if ops is not None:
+        return ops
+    if device_type == "cuda":
+        load(ext, "cpu")
     with _lock:
         if key in _loaded:
             return _loaded[key]
@@ -250,20 +285,23 @@ def load(ext: Extension, device_type: str):
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             (out / "lock").unlink(missing_ok=True)
+            # is_python_module=False: torch.ops.load_library runs the registrations; no pybind.
             if device_type == "cpu":
-                mod = cpp.load(
+                path = cpp.load(
                     sources=[str(CSRC / ext.cpu_binding)],
                     extra_cflags=list(CPU_CFLAGS),
                     extra_ldflags=list(CPU_LDFLAGS),
+                    is_python_module=False,
                     **common,
                 )
             else:
                 objects = _compile_objects(ext, out)
-                mod = cpp.load(
+                path = cpp.load(
                     sources=[str(CSRC / ext.cuda_binding)],
                     extra_cflags=["-O3"],
                     extra_ldflags=objects,
                     with_cuda=True,
+                    is_python_module=False,
                     **common,
                 )
         except KernelBuildError:
@@ -275,8 +313,13 @@ def load(ext: Extension, device_type: str):
             ) from exc
         finally:
             lock.close()
-        _loaded[key] = mod
-        return mod
+        if device_type == "cpu":
+            from kernels import _fake
+
+            _fake.register(ext.namespace)
+        ops = Ops(ext, str(path))
+        _loaded[key] = ops
+        return ops
 
 
 def load_cpu(ext: Extension = NERF):
@@ -287,9 +330,44 @@ def load_cuda(ext: Extension = NERF):
     return load(ext, "cuda")
 
 
-def for_tensor(t, ext: Extension = NERF):
-    """The compiled module of `ext` that handles tensors on t's device."""
-    return load(ext, t.device.type)
+def for_tensor(t, ext: Extension = NERF) -> Ops:
+    """The ops of `ext`, with the library that runs tensors like `t` loaded.
+
+    The kernel is not chosen here: the dispatcher picks it by the tensors' real device. `t`'s
+    device only says which library must be loaded. Fake and meta tensors run the fake
+    implementations, registered with the CPU library: a fake 'cuda' tensor on a torch without
+    CUDA needs no CUDA build.
+    """
+    ops = _loaded.get((ext.name, t.device.type))
+    if ops is not None:
+        return ops
+    device_type = t.device.type
+    if device_type == "meta" or (device_type == "cuda" and _fake_without_cuda(t)):
+        device_type = "cpu"
+    return load(ext, device_type)
+
+
+def _fake_without_cuda(t) -> bool:
+    import torch
+    from torch._subclasses.fake_tensor import is_fake
+
+    return torch.version.cuda is None and is_fake(t)
+
+
+def cuda_op_names(ext: Extension) -> set[str]:
+    """The ops the CUDA library of `ext` registers (the others run on the CPU only).
+
+    Read from the source (`impl_nerf` / `impl_splat` in `csrc/ops.h`), so that it is known where
+    the CUDA library cannot be built or loaded.
+    """
+    import re
+
+    kind = "nerf" if ext is NERF else "splat"
+    text = (CSRC / "ops.h").read_text()
+    body = re.search(r"void impl_" + kind + r"\(torch::Library& m\) \{(.*?)\n\}", text, re.S)
+    if body is None:
+        raise KernelBuildError(f"csrc/ops.h has no impl_{kind}")
+    return set(re.findall(r'm\.impl\("(\w+)"', body.group(1)))
 
 
 def compiled_available(device: torch.device | str, ext: Extension = NERF) -> bool:

@@ -65,6 +65,7 @@ class _NerfMlpFn(torch.autograd.Function):
     def forward(ctx, enc, sh, shift, n_density, block, isa, *params):
         dens, col = list(params[:n_density]), list(params[n_density:])
         sigma, rgb = _ext.load_cpu().nerf_mlp_forward(enc, sh, dens, col, shift, block, isa)
+        rgb = None if sh is None else rgb  # the op returns (0, 3) without a colour network
         # The inputs and outputs, no activations: the backward recomputes each block's hidden
         # layers; sigma and rgb spare it the heads' exponentials and the last layer.
         ctx.save_for_backward(enc, sh, sigma, rgb, *params)
@@ -96,6 +97,8 @@ class _NerfMlpFn(torch.autograd.Function):
         )
         if not need_params:
             g_params = [None] * len(params)
+        g_enc = g_enc if need[0] else None  # the op returns (0,) for gradients not asked for
+        g_sh = g_sh if need[1] else None
         return (g_enc, g_sh, None, None, None, None, *g_params)
 
 

@@ -228,8 +228,8 @@ inline int64_t check_density(const at::Tensor& density) {
 }
 
 // A view of bits (C, bytes per cascade) uint8 on `dev`, with the grid's centre and half extent.
-inline kn::GridView grid_view(const at::Tensor& bits, int64_t res, const std::vector<double>& center,
-                              const std::vector<double>& half, const at::Device& dev) {
+inline kn::GridView grid_view(const at::Tensor& bits, int64_t res, at::ArrayRef<double> center,
+                              at::ArrayRef<double> half, const at::Device& dev) {
     const char* op = "occupancy grid";
     const BitLayout b = bit_layout(res);
     expect(bits, op, "bitfield", dev, at::kByte, {-1, (int64_t)b.offset[b.n_mips]});
@@ -270,7 +270,7 @@ inline void check_rays(const at::Tensor& o, const at::Tensor& d, const at::Tenso
     expect(jitter, op, "jitter", dev, at::kFloat, {n});
 }
 
-inline kn::MarchParams march_params(const std::vector<double>& aabb, double step, double cone, double max_step,
+inline kn::MarchParams march_params(at::ArrayRef<double> aabb, double step, double cone, double max_step,
                                     int64_t max_samples, bool use_grid) {
     const char* op = "march_rays";
     TORCH_CHECK_VALUE(aabb.size() == 6, op, ": aabb has 6 numbers, got ", aabb.size());
@@ -355,7 +355,7 @@ constexpr int64_t MLP_MAX_LAYERS = 16;  // kn_mlp::MAX_LAYERS
 
 // One network as [W0, b0, W1, b1, ...] (nn.Linear layouts: W (out, in), b (out,)), float32 and
 // contiguous on `dev`, chained from n_in inputs. Returns the last layer's width.
-inline int64_t check_mlp_layers(const std::vector<at::Tensor>& p, int64_t n_in, const at::Device& dev,
+inline int64_t check_mlp_layers(at::TensorList p, int64_t n_in, const at::Device& dev,
                                 const char* net) {
     const char* op = "nerf_mlp";
     const int64_t n = (int64_t)p.size();
@@ -411,7 +411,7 @@ inline void check_move_rows(const at::Tensor& dst, const at::Tensor& dest, const
 }
 
 inline void check_nerf_mlp(const at::Tensor& enc, const c10::optional<at::Tensor>& sh,
-                           const std::vector<at::Tensor>& density, const std::vector<at::Tensor>& color) {
+                           at::TensorList density, at::TensorList color) {
     const char* op = "nerf_mlp";
     TORCH_CHECK_VALUE(enc.dim() == 2, op, ": enc must be (N, features), got ", shape_str(enc));
     const auto dev = enc.device();

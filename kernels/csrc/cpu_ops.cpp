@@ -1,5 +1,7 @@
-// CPU extension: OpenMP loops over the same __host__ __device__ bodies the CUDA launchers use.
-// One translation unit on purpose: CI builds it from scratch on two cores.
+// CPU library of the NeRF ops: defines the `nf` schemas (ops.h) and registers the CPU kernels,
+// OpenMP loops over the same __host__ __device__ bodies the CUDA launchers use, plus the ops only
+// the CPU runs (fused MLPs, marching rounds, row-sparse Adam). One translation unit on purpose: CI
+// builds it from scratch on two cores.
 #include <torch/extension.h>
 #include <omp.h>
 
@@ -13,16 +15,13 @@
 #include "marching_cpu.h"
 #include "composite.h"
 #include "mlp_cpu.h"
+#include "ops.h"
 #include "rounds.h"
 #include "sh.h"
 
 namespace {
 
 using kn_bind::n_threads;
-
-void require_cpu(const at::Tensor& t, const char* op) {
-    TORCH_CHECK(t.is_cpu(), op, ": this is the CPU module, got a tensor on ", t.device());
-}
 
 template <typename Fn>
 void dispatch_grid(int64_t D, int64_t F, at::ScalarType st, Fn&& fn) {
@@ -39,36 +38,6 @@ void dispatch_grid(int64_t D, int64_t F, at::ScalarType st, Fn&& fn) {
                 " (supported: dims 2|3, features 1|2|4|8, float32|float64)");
 }
 
-at::Tensor hash_grid_forward(at::Tensor x, at::Tensor table, at::Tensor offsets, at::Tensor resolution,
-                             at::Tensor scale, at::Tensor hashed) {
-    require_cpu(x, "hash grid");
-    kn_bind::check_hash_forward(x, table);
-    auto m = kn_bind::hash_grid_meta(offsets, resolution, scale, hashed, x.size(1), table.size(0));
-    const int64_t n = x.size(0), D = x.size(1), F = table.size(1);
-    auto out = at::empty({n, m.n_levels * F}, x.options());
-    dispatch_grid(D, F, x.scalar_type(), [&](auto Dc, auto Fc, auto* tag) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        kn_cpu::hash_fwd_impl<decltype(Dc)::value, decltype(Fc)::value, T>(x.data_ptr<T>(), table.data_ptr<T>(), m,
-                                                                           out.data_ptr<T>(), n, n_threads());
-    });
-    return out;
-}
-
-at::Tensor hash_grid_backward(at::Tensor x, at::Tensor grad_out, int64_t n_rows, int64_t F, at::Tensor offsets,
-                              at::Tensor resolution, at::Tensor scale, at::Tensor hashed) {
-    require_cpu(x, "hash grid");
-    auto m = kn_bind::hash_grid_meta(offsets, resolution, scale, hashed, x.size(1), n_rows);
-    kn_bind::check_hash_backward(x, grad_out, m.n_levels, F);
-    const int64_t n = x.size(0), D = x.size(1);
-    auto grad_table = at::zeros({n_rows, F}, grad_out.options());
-    dispatch_grid(D, F, x.scalar_type(), [&](auto Dc, auto Fc, auto* tag) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        kn_cpu::hash_bwd_impl<decltype(Dc)::value, decltype(Fc)::value, T>(x.data_ptr<T>(), grad_out.data_ptr<T>(), m,
-                                                                           grad_table.data_ptr<T>(), n, n_threads());
-    });
-    return grad_table;
-}
-
 template <typename Fn>
 void dispatch_float(at::ScalarType st, const char* op, Fn&& fn) {
     if (st == at::kFloat) return fn((float*)nullptr);
@@ -80,7 +49,6 @@ void dispatch_float(at::ScalarType st, const char* op, Fn&& fn) {
 void hash_grid_backward_rows(at::Tensor x, at::Tensor grad_out, at::Tensor grad_table, at::Tensor touched,
                              at::Tensor offsets, at::Tensor resolution, at::Tensor scale, at::Tensor hashed) {
     const char* op = "hash grid backward";
-    require_cpu(x, op);
     auto m = kn_bind::hash_grid_meta(offsets, resolution, scale, hashed, x.size(1), grad_table.size(0));
     const int64_t F = grad_table.size(1), rows = grad_table.size(0);
     kn_bind::check_hash_backward(x, grad_out, m.n_levels, F);
@@ -99,7 +67,6 @@ void hash_grid_backward_rows(at::Tensor x, at::Tensor grad_out, at::Tensor grad_
 void hash_grid_adam(at::Tensor w, at::Tensor grad, at::Tensor touched, at::Tensor m, at::Tensor v, at::Tensor steps,
                     at::Tensor bc1, at::Tensor bc2_sqrt, double lr, double b1, double b2, double eps) {
     const char* op = "hash grid adam";
-    require_cpu(w, op);
     const auto st = kn_bind::float_dtype(w, op, "table");
     TORCH_CHECK_VALUE(w.dim() == 2, op, ": table must be (rows, F)");
     const int64_t rows = w.size(0), F = w.size(1);
@@ -155,56 +122,6 @@ void composite_bwd_impl(const int64_t* off, int64_t n_rays, const T* s, const T*
         kn::composite_backward_ray<T>(off[r], off[r + 1], s, c, a, b, stop_T, gr + 3 * r, gd[r], go[r], gs, gc);
 }
 
-at::Tensor sh_encode(at::Tensor dirs, int64_t degree) {
-    require_cpu(dirs, "sh_encode");
-    kn_bind::check_sh(dirs, degree);
-    const int64_t n = dirs.size(0), k = degree * degree;
-    auto out = at::empty({n, k}, dirs.options());
-    dispatch_float(dirs.scalar_type(), "sh_encode", [&](auto* tag) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        sh_impl<T>(dirs.data_ptr<T>(), (int)degree, out.data_ptr<T>(), n);
-    });
-    return out;
-}
-
-std::vector<at::Tensor> composite_forward(at::Tensor sigmas, at::Tensor rgbs, at::Tensor t0, at::Tensor t1,
-                                          at::Tensor offsets, double stop_T) {
-    require_cpu(sigmas, "composite");
-    kn_bind::check_composite(sigmas, rgbs, t0, t1, offsets);
-    const int64_t n_rays = offsets.numel() - 1;
-    auto rgb = at::empty({n_rays, 3}, sigmas.options());
-    auto depth = at::empty({n_rays}, sigmas.options());
-    auto opacity = at::empty({n_rays}, sigmas.options());
-    const int64_t* off = offsets.data_ptr<int64_t>();
-    dispatch_float(sigmas.scalar_type(), "composite", [&](auto* tag) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        composite_fwd_impl<T>(off, n_rays, sigmas.data_ptr<T>(), rgbs.data_ptr<T>(), t0.data_ptr<T>(), t1.data_ptr<T>(),
-                              (T)stop_T, rgb.data_ptr<T>(), depth.data_ptr<T>(), opacity.data_ptr<T>());
-    });
-    return {rgb, depth, opacity};
-}
-
-std::vector<at::Tensor> composite_backward(at::Tensor sigmas, at::Tensor rgbs, at::Tensor t0, at::Tensor t1,
-                                           at::Tensor offsets, double stop_T, at::Tensor g_rgb, at::Tensor g_depth,
-                                           at::Tensor g_opacity) {
-    require_cpu(sigmas, "composite");
-    kn_bind::check_composite(sigmas, rgbs, t0, t1, offsets);
-    const int64_t n_rays = offsets.numel() - 1;
-    kn_bind::check_composite_grads(sigmas, n_rays, g_rgb, g_depth, g_opacity);
-    // Zeroed: with valid offsets every sample is written, but a sample no ray owns must not
-    // leak uninitialised memory into autograd.
-    auto grad_sigma = at::zeros_like(sigmas);
-    auto grad_rgb = at::zeros_like(rgbs);
-    const int64_t* off = offsets.data_ptr<int64_t>();
-    dispatch_float(sigmas.scalar_type(), "composite", [&](auto* tag) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        composite_bwd_impl<T>(off, n_rays, sigmas.data_ptr<T>(), rgbs.data_ptr<T>(), t0.data_ptr<T>(), t1.data_ptr<T>(),
-                              (T)stop_T, g_rgb.data_ptr<T>(), g_depth.data_ptr<T>(), g_opacity.data_ptr<T>(),
-                              grad_sigma.data_ptr<T>(), grad_rgb.data_ptr<T>());
-    });
-    return {grad_sigma, grad_rgb};
-}
-
 // Start offsets of each ray's samples, validating that ray_indices is sorted and in range.
 at::Tensor ray_offsets(at::Tensor ray_indices, int64_t n_rays) {
     kn_bind::expect(ray_indices, "ray_offsets", "ray_indices", at::Device(at::kCPU), at::kLong, {-1});
@@ -227,102 +144,139 @@ at::Tensor ray_offsets(at::Tensor ray_indices, int64_t n_rays) {
 
 // ---- occupancy grid ---------------------------------------------------------------------------
 
-at::Tensor occ_bitfield(at::Tensor density, double thresh) {
-    require_cpu(density, "occupancy grid");
-    const int64_t res = kn_bind::check_density(density);
-    const int64_t C = density.size(0), cells = density.size(1);
-    const kn_bind::BitLayout b = kn_bind::bit_layout(res);
-    const uint32_t per = b.offset[b.n_mips];
-    auto bits = at::zeros({C, (int64_t)per}, density.options().dtype(at::kByte));
-    uint8_t* out = bits.data_ptr<uint8_t>();
-    const float* dens = density.data_ptr<float>();
-    const float th = (float)thresh;
-    const int nt = n_threads();
-    for (int64_t c = 0; c < C; ++c) {
-        uint8_t* level0 = out + c * per;
-        const uint8_t* finer = c > 0 ? out + (c - 1) * per : nullptr;
-        const float* dc = dens + c * cells;
+// ---- the CPU device of ops.h: launchers over raw pointers, as kn_cuda's (launchers.h) -------------
+
+struct Cpu {
+    struct Guard {
+        explicit Guard(const at::Device&) {}
+    };
+
+    template <typename Fn>
+    static void by_dtype(int dtype, Fn&& fn) {
+        if (dtype == 1) return fn((double*)nullptr);
+        return fn((float*)nullptr);
+    }
+
+    static void hash_grid_forward(int D, int F, int dtype, const void* x, const void* table,
+                                  const kn::HashGridMeta& m, void* out, int64_t n) {
+        dispatch_grid(D, F, dtype ? at::kDouble : at::kFloat, [&](auto Dc, auto Fc, auto* tag) {
+            using T = std::remove_pointer_t<decltype(tag)>;
+            kn_cpu::hash_fwd_impl<decltype(Dc)::value, decltype(Fc)::value, T>((const T*)x, (const T*)table, m,
+                                                                               (T*)out, n, n_threads());
+        });
+    }
+
+    static void hash_grid_backward(int D, int F, int dtype, const void* x, const void* grad_out,
+                                   const kn::HashGridMeta& m, void* grad_table, int64_t n) {
+        dispatch_grid(D, F, dtype ? at::kDouble : at::kFloat, [&](auto Dc, auto Fc, auto* tag) {
+            using T = std::remove_pointer_t<decltype(tag)>;
+            kn_cpu::hash_bwd_impl<decltype(Dc)::value, decltype(Fc)::value, T>((const T*)x, (const T*)grad_out, m,
+                                                                               (T*)grad_table, n, n_threads());
+        });
+    }
+
+    static void sh_encode(int dtype, const void* dirs, int degree, void* out, int64_t n) {
+        by_dtype(dtype, [&](auto* tag) {
+            using T = std::remove_pointer_t<decltype(tag)>;
+            sh_impl<T>((const T*)dirs, degree, (T*)out, n);
+        });
+    }
+
+    static void composite_forward(int dtype, const int64_t* off, int64_t n_rays, const void* s, const void* c,
+                                  const void* a, const void* b, double stop_T, void* rgb, void* depth,
+                                  void* opacity) {
+        by_dtype(dtype, [&](auto* tag) {
+            using T = std::remove_pointer_t<decltype(tag)>;
+            composite_fwd_impl<T>(off, n_rays, (const T*)s, (const T*)c, (const T*)a, (const T*)b, (T)stop_T,
+                                  (T*)rgb, (T*)depth, (T*)opacity);
+        });
+    }
+
+    static void composite_backward(int dtype, const int64_t* off, int64_t n_rays, const void* s, const void* c,
+                                   const void* a, const void* b, double stop_T, const void* gr, const void* gd,
+                                   const void* go, void* gs, void* gc) {
+        by_dtype(dtype, [&](auto* tag) {
+            using T = std::remove_pointer_t<decltype(tag)>;
+            composite_bwd_impl<T>(off, n_rays, (const T*)s, (const T*)c, (const T*)a, (const T*)b, (T)stop_T,
+                                  (const T*)gr, (const T*)gd, (const T*)go, (T*)gs, (T*)gc);
+        });
+    }
+
+    static void occ_bitfield(const float* dens, float th, int C, uint32_t res, int n_mips, const uint32_t* offset,
+                             uint8_t* out) {
+        const uint32_t per = offset[n_mips];
+        const int64_t cells = (int64_t)res * res * res;
+        const int nt = n_threads();
+        for (int64_t c = 0; c < C; ++c) {
+            uint8_t* level0 = out + c * per;
+            const uint8_t* finer = c > 0 ? out + (c - 1) * per : nullptr;
+            const float* dc = dens + c * cells;
 #pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t j = 0; j < cells / 8; ++j) {
-            uint8_t v = kn::threshold_byte(dc, (uint32_t)j, th);
-            // The finer cascade's occupancy, pooled, is ORed in so that a coarse mip never claims
-            // emptiness that the finer cascade contradicts.
-            if (finer) v |= kn::pooled_from_finer(finer, (uint32_t)j, (uint32_t)res);
-            level0[j] = v;
-        }
-        for (int m = 1; m < b.n_mips; ++m) {
-            const uint8_t* src = out + c * per + b.offset[m - 1];
-            uint8_t* dst = out + c * per + b.offset[m];
-            const uint32_t n = kn::mip_cells((uint32_t)res, m);
-            for (uint32_t j = 0; j < b.offset[m + 1] - b.offset[m]; ++j) dst[j] = kn::mip_byte(src, j, n);
+            for (int64_t j = 0; j < cells / 8; ++j) {
+                uint8_t v = kn::threshold_byte(dc, (uint32_t)j, th);
+                // The finer cascade's occupancy, pooled, is ORed in so that a coarse mip never claims
+                // emptiness that the finer cascade contradicts.
+                if (finer) v |= kn::pooled_from_finer(finer, (uint32_t)j, res);
+                level0[j] = v;
+            }
+            for (int m = 1; m < n_mips; ++m) {
+                const uint8_t* src = out + c * per + offset[m - 1];
+                uint8_t* dst = out + c * per + offset[m];
+                const uint32_t n = kn::mip_cells(res, m);
+                for (uint32_t j = 0; j < offset[m + 1] - offset[m]; ++j) dst[j] = kn::mip_byte(src, j, n);
+            }
         }
     }
-    return bits;
-}
 
-at::Tensor occ_query(at::Tensor points, at::Tensor bits, int64_t res, std::vector<double> center, std::vector<double> half) {
-    require_cpu(points, "occupancy query");
-    kn_bind::check_points(points);
-    const kn::GridView g = kn_bind::grid_view(bits, res, center, half, points.device());
-    const int64_t n = points.size(0);
-    auto out = at::empty({n}, points.options().dtype(at::kBool));
-    const float* p = points.data_ptr<float>();
-    bool* o = out.data_ptr<bool>();
+    static void occ_query(const float* p, int64_t n, const kn::GridView& g, bool* o) {
 #pragma omp parallel for schedule(static) num_threads(n_threads())
-    for (int64_t i = 0; i < n; ++i) {
-        int c;
-        uint32_t ijk[3];
-        o[i] = kn::locate_cell(g, p + 3 * i, &c, ijk) && kn::occupied_at(g, c, 0, ijk);
-    }
-    return out;
-}
-
-// ---- ray marching -----------------------------------------------------------------------------
-
-std::vector<at::Tensor> march_rays(at::Tensor rays_o, at::Tensor rays_d, at::Tensor near, at::Tensor far,
-                                   at::Tensor jitter, std::vector<double> aabb, double step, double cone,
-                                   double max_step, int64_t max_samples, c10::optional<at::Tensor> bits, int64_t res,
-                                   std::vector<double> center, std::vector<double> half) {
-    require_cpu(rays_o, "march_rays");
-    kn_bind::check_rays(rays_o, rays_d, near, far, jitter);
-    const int64_t n = rays_o.size(0);
-    const kn::MarchParams p = kn_bind::march_params(aabb, step, cone, max_step, max_samples, bits.has_value());
-    kn::GridView g{};
-    if (p.use_grid) g = kn_bind::grid_view(*bits, res, center, half, rays_o.device());
-    const float *o = rays_o.data_ptr<float>(), *d = rays_d.data_ptr<float>();
-    const float *tn = near.data_ptr<float>(), *tf = far.data_ptr<float>(), *u = jitter.data_ptr<float>();
-    auto counts = at::empty({n}, rays_o.options().dtype(at::kLong));
-    int64_t* cnt = counts.data_ptr<int64_t>();
-    const int nt = n_threads();
-    const bool one_pass = kn_cpu::march_cap(p) <= kn_cpu::MARCH_MAX_SCRATCH;
-    std::vector<kn_cpu::MarchBlock> blocks;
-    if (one_pass) {
-        blocks = kn_cpu::march_blocks(o, d, tn, tf, u, p, g, n, cnt, nt);
-    } else {  // a step far finer than the box: count first, then fill at the offsets
-#pragma omp parallel for schedule(dynamic, 64) num_threads(nt)
-        for (int64_t i = 0; i < n; ++i)
-            cnt[i] = kn::march_ray(o + 3 * i, d + 3 * i, tn[i], tf[i], u[i], p, g, nullptr, nullptr);
-    }
-    auto offsets = at::zeros({n + 1}, counts.options());
-    int64_t* off = offsets.data_ptr<int64_t>();
-    for (int64_t i = 0; i < n; ++i) off[i + 1] = off[i] + cnt[i];
-    const int64_t total = off[n];
-    auto t0 = at::empty({total}, rays_o.options());
-    auto t1 = at::empty({total}, rays_o.options());
-    auto ray_indices = at::empty({total}, counts.options());
-    float *a = t0.data_ptr<float>(), *b = t1.data_ptr<float>();
-    int64_t* ri = ray_indices.data_ptr<int64_t>();
-    if (one_pass) {
-        kn_cpu::pack_blocks(blocks, off, n, a, b, ri, nt);
-    } else {
-#pragma omp parallel for schedule(dynamic, 64) num_threads(nt)
         for (int64_t i = 0; i < n; ++i) {
-            kn::march_ray(o + 3 * i, d + 3 * i, tn[i], tf[i], u[i], p, g, a + off[i], b + off[i]);
-            for (int64_t k = off[i]; k < off[i + 1]; ++k) ri[k] = i;
+            int c;
+            uint32_t ijk[3];
+            o[i] = kn::locate_cell(g, p + 3 * i, &c, ijk) && kn::occupied_at(g, c, 0, ijk);
         }
     }
-    return {ray_indices, t0, t1, offsets, counts};
-}
+
+    // One pass into per-block buffers when a ray's samples fit the scratch; else count, then fill.
+    static kn_ops::T5 march_rays(const at::Tensor& rays_o, const at::Tensor& rays_d, const at::Tensor& near,
+                                 const at::Tensor& far, const at::Tensor& jitter, const kn::MarchParams& p,
+                                 const kn::GridView& g) {
+        const int64_t n = rays_o.size(0);
+        const float *o = rays_o.data_ptr<float>(), *d = rays_d.data_ptr<float>();
+        const float *tn = near.data_ptr<float>(), *tf = far.data_ptr<float>(), *u = jitter.data_ptr<float>();
+        auto counts = at::empty({n}, rays_o.options().dtype(at::kLong));
+        int64_t* cnt = counts.data_ptr<int64_t>();
+        const int nt = n_threads();
+        const bool one_pass = kn_cpu::march_cap(p) <= kn_cpu::MARCH_MAX_SCRATCH;
+        std::vector<kn_cpu::MarchBlock> blocks;
+        if (one_pass) {
+            blocks = kn_cpu::march_blocks(o, d, tn, tf, u, p, g, n, cnt, nt);
+        } else {
+#pragma omp parallel for schedule(dynamic, 64) num_threads(nt)
+            for (int64_t i = 0; i < n; ++i)
+                cnt[i] = kn::march_ray(o + 3 * i, d + 3 * i, tn[i], tf[i], u[i], p, g, nullptr, nullptr);
+        }
+        auto offsets = at::zeros({n + 1}, counts.options());
+        int64_t* off = offsets.data_ptr<int64_t>();
+        for (int64_t i = 0; i < n; ++i) off[i + 1] = off[i] + cnt[i];
+        const int64_t total = off[n];
+        auto t0 = at::empty({total}, rays_o.options());
+        auto t1 = at::empty({total}, rays_o.options());
+        auto ray_indices = at::empty({total}, counts.options());
+        float *a = t0.data_ptr<float>(), *b = t1.data_ptr<float>();
+        int64_t* ri = ray_indices.data_ptr<int64_t>();
+        if (one_pass) {
+            kn_cpu::pack_blocks(blocks, off, n, a, b, ri, nt);
+        } else {
+#pragma omp parallel for schedule(dynamic, 64) num_threads(nt)
+            for (int64_t i = 0; i < n; ++i) {
+                kn::march_ray(o + 3 * i, d + 3 * i, tn[i], tf[i], u[i], p, g, a + off[i], b + off[i]);
+                for (int64_t k = off[i]; k < off[i + 1]; ++k) ri[k] = i;
+            }
+        }
+        return {ray_indices, t0, t1, offsets, counts};
+    }
+};
 
 // ---- fused NeRF MLPs ----------------------------------------------------------------------------
 
@@ -337,9 +291,8 @@ int mlp_isa_for(int64_t isa) {
 }
 
 // The field's layout from the checked tensors; wts keeps the transposed weights alive.
-kn_mlp::Field mlp_field(const at::Tensor& enc, const c10::optional<at::Tensor>& sh,
-                        const std::vector<at::Tensor>& density, const std::vector<at::Tensor>& color, double shift,
-                        std::vector<at::Tensor>& wts) {
+kn_mlp::Field mlp_field(const at::Tensor& enc, const c10::optional<at::Tensor>& sh, at::TensorList density,
+                        at::TensorList color, double shift, std::vector<at::Tensor>& wts) {
     kn_bind::check_nerf_mlp(enc, sh, density, color);
     kn_mlp::Field f;
     f.n_in = enc.size(1);
@@ -347,7 +300,7 @@ kn_mlp::Field mlp_field(const at::Tensor& enc, const c10::optional<at::Tensor>& 
     f.n_geo = density[density.size() - 2].size(0) - 1;
     f.shift = (float)shift;
     int64_t off = 0;
-    auto fill = [&](kn_mlp::Net& net, const std::vector<at::Tensor>& p) {
+    auto fill = [&](kn_mlp::Net& net, at::TensorList p) {
         net.n_layers = (int)(p.size() / 2);
         for (int l = 0; l < net.n_layers; ++l) {
             const at::Tensor& w = p[2 * l];
@@ -370,33 +323,32 @@ kn_mlp::Field mlp_field(const at::Tensor& enc, const c10::optional<at::Tensor>& 
     return f;
 }
 
-// sigma (N,) and rgb (N, 3) (undefined without sh).
-std::vector<at::Tensor> nerf_mlp_forward(at::Tensor enc, c10::optional<at::Tensor> sh, std::vector<at::Tensor> density,
-                                         std::vector<at::Tensor> color, double shift, int64_t block, int64_t isa) {
-    require_cpu(enc, "nerf_mlp");
+// sigma (N,) and rgb (N, 3) ((0, 3) without sh: an op's outputs are always tensors).
+std::tuple<at::Tensor, at::Tensor> nerf_mlp_forward(const at::Tensor& enc, const c10::optional<at::Tensor>& sh,
+                                                    at::TensorList density, at::TensorList color, double shift,
+                                                    int64_t block, int64_t isa) {
     const int use = mlp_isa_for(isa);
     TORCH_CHECK_VALUE(block >= 0, "nerf_mlp: block must be >= 0 (0: automatic)");
     std::vector<at::Tensor> wts;
     const kn_mlp::Field f = mlp_field(enc, sh, density, color, shift, wts);
     const int64_t n = enc.size(0);
     auto sigma = at::empty({n}, enc.options());
-    at::Tensor rgb;
-    if (f.has_color()) rgb = at::empty({n, 3}, enc.options());
+    auto rgb = at::empty({f.has_color() ? n : 0, 3}, enc.options());
     kn_mlp::field_forward(use, f, enc.data_ptr<float>(), f.has_color() ? sh->data_ptr<float>() : nullptr, n,
                           sigma.data_ptr<float>(), f.has_color() ? rgb.data_ptr<float>() : nullptr, block,
                           n_threads());
     return {sigma, rgb};
 }
 
-// grad_enc (or undefined), grad_sh (or undefined), then one gradient per parameter (density's
-// then colour's, in the order given) when need_params. sigma and rgb: what the forward returned for
-// these inputs (saves recomputing them), or None.
-std::vector<at::Tensor> nerf_mlp_backward(at::Tensor enc, c10::optional<at::Tensor> sh, std::vector<at::Tensor> density,
-                                          std::vector<at::Tensor> color, double shift, c10::optional<at::Tensor> sigma,
-                                          c10::optional<at::Tensor> rgb, c10::optional<at::Tensor> grad_sigma,
-                                          c10::optional<at::Tensor> grad_rgb,
-                                          bool need_enc, bool need_sh, bool need_params, int64_t block, int64_t isa) {
-    require_cpu(enc, "nerf_mlp");
+// grad_enc (or (0,)), grad_sh (or (0,)), then one gradient per parameter (density's then colour's,
+// in the order given) when need_params. sigma and rgb: what the forward returned for these inputs
+// (saves recomputing them), or None.
+std::vector<at::Tensor> nerf_mlp_backward(const at::Tensor& enc, const c10::optional<at::Tensor>& sh,
+                                          at::TensorList density, at::TensorList color, double shift,
+                                          const c10::optional<at::Tensor>& sigma, const c10::optional<at::Tensor>& rgb,
+                                          const c10::optional<at::Tensor>& grad_sigma,
+                                          const c10::optional<at::Tensor>& grad_rgb, bool need_enc, bool need_sh,
+                                          bool need_params, int64_t block, int64_t isa) {
     const int use = mlp_isa_for(isa);
     TORCH_CHECK_VALUE(block >= 0, "nerf_mlp: block must be >= 0 (0: automatic)");
     std::vector<at::Tensor> wts;
@@ -404,9 +356,8 @@ std::vector<at::Tensor> nerf_mlp_backward(at::Tensor enc, c10::optional<at::Tens
     kn_bind::check_nerf_mlp_grads(enc, sigma, rgb, grad_sigma, grad_rgb);
     TORCH_CHECK_VALUE(!need_sh || f.has_color(), "nerf_mlp backward: no sh to take the gradient of");
     const int64_t n = enc.size(0);
-    at::Tensor g_enc, g_sh;
-    if (need_enc) g_enc = at::empty({n, f.n_in}, enc.options());
-    if (need_sh) g_sh = at::empty({n, f.n_sh}, enc.options());
+    auto g_enc = at::empty({need_enc ? n * f.n_in : 0}, enc.options());
+    auto g_sh = at::empty({need_sh ? n * f.n_sh : 0}, enc.options());
     at::Tensor flat;
     if (need_params) flat = at::empty({f.n_params}, enc.options());
     kn_mlp::Grads gr{grad_sigma.has_value() ? grad_sigma->data_ptr<float>() : nullptr,
@@ -416,7 +367,7 @@ std::vector<at::Tensor> nerf_mlp_backward(at::Tensor enc, c10::optional<at::Tens
                      rgb.has_value() && f.has_color() ? rgb->data_ptr<float>() : nullptr};
     kn_mlp::field_backward(use, f, enc.data_ptr<float>(), f.has_color() ? sh->data_ptr<float>() : nullptr, n, gr,
                            need_params ? flat.data_ptr<float>() : nullptr, block, n_threads());
-    std::vector<at::Tensor> out{g_enc, g_sh};
+    std::vector<at::Tensor> out{need_enc ? g_enc.view({n, f.n_in}) : g_enc, need_sh ? g_sh.view({n, f.n_sh}) : g_sh};
     if (need_params) {
         int64_t off = 0;
         for (const auto* p : {&density, &color})
@@ -430,10 +381,9 @@ std::vector<at::Tensor> nerf_mlp_backward(at::Tensor enc, c10::optional<at::Tens
 
 // One marching round's culling: keep (m,) bool per sample, go (A,) bool per live ray (it filled
 // the round and still sees through). tau (n,) float64 and near (n,) float32 are updated in place.
-std::vector<at::Tensor> cull_round(at::Tensor offsets, at::Tensor alive, at::Tensor sigma, at::Tensor t0,
+std::tuple<at::Tensor, at::Tensor> cull_round(at::Tensor offsets, at::Tensor alive, at::Tensor sigma, at::Tensor t0,
                                    at::Tensor t1, at::Tensor tau, at::Tensor near, int64_t cap, double tau_max,
                                    double alpha_min) {
-    for (const at::Tensor* t : {&offsets, &alive, &sigma, &t0, &t1, &tau, &near}) require_cpu(*t, "cull_round");
     kn_bind::check_cull_round(offsets, alive, sigma, t0, t1, tau, near);
     const int64_t A = alive.size(0), m = sigma.size(0);
     auto keep = at::empty({m}, sigma.options().dtype(at::kBool));
@@ -456,7 +406,6 @@ std::vector<at::Tensor> cull_round(at::Tensor offsets, at::Tensor alive, at::Ten
 
 // dst[dest[j]] = src[idx[j]] (rows), one pass instead of index_select then index_copy_.
 void move_rows(at::Tensor dst, at::Tensor dest, at::Tensor src, at::Tensor idx) {
-    for (const at::Tensor* t : {&dst, &dest, &src, &idx}) require_cpu(*t, "move_rows");
     kn_bind::check_move_rows(dst, dest, src, idx);
     const int64_t k = idx.size(0);
     const int64_t w = src.dim() == 2 ? src.size(1) : 1;
@@ -470,22 +419,21 @@ void move_rows(at::Tensor dst, at::Tensor dest, at::Tensor src, at::Tensor idx) 
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.def("hash_grid_forward", &hash_grid_forward);
-    m.def("hash_grid_backward", &hash_grid_backward);
-    m.def("hash_grid_backward_rows", &hash_grid_backward_rows);
-    m.def("hash_grid_adam", &hash_grid_adam);
-    m.def("sh_encode", &sh_encode);
-    m.def("composite_forward", &composite_forward);
-    m.def("composite_backward", &composite_backward);
-    m.def("ray_offsets", &ray_offsets);
-    m.def("occ_bitfield", &occ_bitfield);
-    m.def("occ_query", &occ_query);
-    m.def("march_rays", &march_rays);
-    m.def("cull_round", &cull_round);
-    m.def("move_rows", &move_rows);
-    m.def("nerf_mlp_forward", &nerf_mlp_forward);
-    m.def("nerf_mlp_backward", &nerf_mlp_backward);
-    m.def("mlp_isa", []() { return (int64_t)kn_mlp::best_isa(); });
-    m.def("mlp_bf16_supported", []() { return kn_mlp::isa_supported(kn_mlp::ISA_AVX512_BF16); });
+TORCH_LIBRARY(nf, m) { kn_ops::define_nerf(m); }
+
+TORCH_LIBRARY_IMPL(nf, CPU, m) {
+    kn_ops::impl_nerf<Cpu>(m);
+    m.impl("hash_grid_backward_rows", &hash_grid_backward_rows);
+    m.impl("hash_grid_adam", &hash_grid_adam);
+    m.impl("ray_offsets", &ray_offsets);
+    m.impl("cull_round", &cull_round);
+    m.impl("move_rows", &move_rows);
+    m.impl("nerf_mlp_forward", &nerf_mlp_forward);
+    m.impl("nerf_mlp_backward", &nerf_mlp_backward);
+}
+
+// No tensor arguments, so no device to dispatch on: what this CPU's MLP tiles can run.
+TORCH_LIBRARY_IMPL(nf, CompositeExplicitAutograd, m) {
+    m.impl("mlp_isa", []() { return (int64_t)kn_mlp::best_isa(); });
+    m.impl("mlp_bf16_supported", []() { return kn_mlp::isa_supported(kn_mlp::ISA_AVX512_BF16); });
 }

@@ -40,22 +40,22 @@ cudaError_t march_fill(const float* o, const float* d, const float* near, const 
                        int64_t n, const kn::MarchParams& p, const kn::GridView& g, const int64_t* offsets,
                        float* t0, float* t1, int64_t* ray_indices, cudaStream_t stream);
 
-// Splat compositors (splat.cu); dtype 0 = float32, 1 = float64. grads (N, SPLAT_GRADS) must be
+// Splat compositors (splat.cu); dtype 0 = float32, 1 = float64; n: the number of splats. grads (N, SPLAT_GRADS) must be
 // zeroed by the caller. Tiled: tile_offsets (n_tiles + 1), tile_ids (per-tile splat indices, each
 // tile's run in depth order).
 
 cudaError_t splat_naive_forward(int dtype, int H, int W, int64_t n, const void* means, const void* conics,
                                 const void* colors, const void* opac, double alpha_min, double alpha_max,
                                 double stop_T, void* out_rgb, void* out_T, int32_t* out_n, cudaStream_t stream);
-cudaError_t splat_naive_backward(int dtype, int H, int W, const void* means, const void* conics, const void* colors,
+cudaError_t splat_naive_backward(int dtype, int H, int W, int64_t n, const void* means, const void* conics, const void* colors,
                                  const void* opac, double alpha_min, double alpha_max, double stop_T,
                                  const void* fin_T, const int32_t* fin_n, const void* g_rgb, const void* g_T,
                                  void* grads, cudaStream_t stream);
-cudaError_t splat_tiled_forward(int dtype, int H, int W, const int64_t* tile_offsets, const int32_t* tile_ids,
+cudaError_t splat_tiled_forward(int dtype, int H, int W, int64_t n, const int64_t* tile_offsets, const int32_t* tile_ids,
                                 const void* means, const void* conics, const void* colors, const void* opac,
                                 double alpha_min, double alpha_max, double stop_T, void* out_rgb, void* out_T,
                                 int32_t* out_n, cudaStream_t stream);
-cudaError_t splat_tiled_backward(int dtype, int H, int W, const int64_t* tile_offsets, const int32_t* tile_ids,
+cudaError_t splat_tiled_backward(int dtype, int H, int W, int64_t n, const int64_t* tile_offsets, const int32_t* tile_ids,
                                  const void* means, const void* conics, const void* colors, const void* opac,
                                  double alpha_min, double alpha_max, double stop_T, const void* fin_T,
                                  const int32_t* fin_n, const void* g_rgb, const void* g_T, void* grads,

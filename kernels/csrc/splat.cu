@@ -223,7 +223,7 @@ cudaError_t splat_naive_forward(int dtype, int H, int W, int64_t n, const void* 
                             stream);
 }
 
-cudaError_t splat_naive_backward(int dtype, int H, int W, const void* means, const void* conics, const void* colors,
+cudaError_t splat_naive_backward(int dtype, int H, int W, int64_t n, const void* means, const void* conics, const void* colors,
                                  const void* opac, double alpha_min, double alpha_max, double stop_T,
                                  const void* fin_T, const int32_t* fin_n, const void* g_rgb, const void* g_T,
                                  void* grads, cudaStream_t stream) {
@@ -234,7 +234,7 @@ cudaError_t splat_naive_backward(int dtype, int H, int W, const void* means, con
                             grads, stream);
 }
 
-cudaError_t splat_tiled_forward(int dtype, int H, int W, const int64_t* tile_offsets, const int32_t* tile_ids,
+cudaError_t splat_tiled_forward(int dtype, int H, int W, int64_t n, const int64_t* tile_offsets, const int32_t* tile_ids,
                                 const void* means, const void* conics, const void* colors, const void* opac,
                                 double alpha_min, double alpha_max, double stop_T, void* out_rgb, void* out_T,
                                 int32_t* out_n, cudaStream_t stream) {
@@ -245,7 +245,7 @@ cudaError_t splat_tiled_forward(int dtype, int H, int W, const int64_t* tile_off
                             out_rgb, out_T, out_n, stream);
 }
 
-cudaError_t splat_tiled_backward(int dtype, int H, int W, const int64_t* tile_offsets, const int32_t* tile_ids,
+cudaError_t splat_tiled_backward(int dtype, int H, int W, int64_t n, const int64_t* tile_offsets, const int32_t* tile_ids,
                                  const void* means, const void* conics, const void* colors, const void* opac,
                                  double alpha_min, double alpha_max, double stop_T, const void* fin_T,
                                  const int32_t* fin_n, const void* g_rgb, const void* g_T, void* grads,

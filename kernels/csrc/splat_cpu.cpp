@@ -1,6 +1,6 @@
-// CPU torch binding of the splat compositors: OpenMP loops over the bodies in splat.h. Same
-// functions and checks (binding_checks.h) as splat_cuda_binding.cpp. Its own extension
-// (kernels._ext.SPLAT), so it never waits on the NeRF kernels' build.
+// CPU library of the splat compositors: defines the `nf_splat` schemas (ops.h) and registers their
+// CPU kernels, OpenMP loops over the bodies in splat.h. Its own extension (kernels._ext.SPLAT), so
+// it never waits on the NeRF kernels' build.
 #include <torch/extension.h>
 #include <omp.h>
 
@@ -8,22 +8,19 @@
 #include <vector>
 
 #include "binding_checks.h"
+#include "ops.h"
 #include "splat.h"
 
 namespace {
 
 using kn_bind::n_threads;
 
+// The splats' arrays, checked by the front end (ops.h).
+template <typename T>
 struct Inputs {
-    at::Tensor means, conics, colors, opac;
+    const T *means, *conics, *colors, *opac;
     int64_t n;
 };
-
-Inputs inputs(const at::Tensor& means, const at::Tensor& conics, const at::Tensor& colors, const at::Tensor& opac) {
-    TORCH_CHECK(means.is_cpu(), "splat: this is the CPU module, got a tensor on ", means.device());
-    kn_bind::check_splats(means, conics, colors, opac);
-    return {means, conics, colors, opac, means.size(0)};
-}
 
 template <typename T>
 kn::SplatParams<T> params(double a0, double a1, double st) {
@@ -58,19 +55,17 @@ struct PlainAdd {
 // ------------------------------------------------------------------------------------ naive (CPU)
 
 template <typename T>
-void naive_fwd_cpu(int H, int W, const Inputs& in, const kn::SplatParams<T>& prm, T* rgb, T* tr, int32_t* cnt) {
-    const T *m = in.means.data_ptr<T>(), *c = in.conics.data_ptr<T>(), *col = in.colors.data_ptr<T>(),
-            *o = in.opac.data_ptr<T>();
+void naive_fwd_cpu(int H, int W, const Inputs<T>& in, const kn::SplatParams<T>& prm, T* rgb, T* tr, int32_t* cnt) {
+    const T *m = in.means, *c = in.conics, *col = in.colors, *o = in.opac;
     const int64_t P = (int64_t)H * W;
 #pragma omp parallel for schedule(dynamic, 64) num_threads(n_threads())
     for (int64_t pix = 0; pix < P; ++pix) kn::naive_forward_pixel<T>(pix, W, in.n, m, c, col, o, prm, rgb, tr, cnt);
 }
 
 template <typename T>
-void naive_bwd_cpu(int H, int W, const Inputs& in, const kn::SplatParams<T>& prm, const T* fT, const int32_t* fn,
+void naive_bwd_cpu(int H, int W, const Inputs<T>& in, const kn::SplatParams<T>& prm, const T* fT, const int32_t* fn,
                    const T* gr, const T* gT, T* grads) {
-    const T *m = in.means.data_ptr<T>(), *c = in.conics.data_ptr<T>(), *col = in.colors.data_ptr<T>(),
-            *o = in.opac.data_ptr<T>();
+    const T *m = in.means, *c = in.conics, *col = in.colors, *o = in.opac;
     const int64_t P = (int64_t)H * W;
     with_thread_grads<T>(in.n, grads, [&](T* mine) {
 #pragma omp for schedule(dynamic, 64)
@@ -84,10 +79,9 @@ void naive_bwd_cpu(int H, int W, const Inputs& in, const kn::SplatParams<T>& prm
 // GPU's shared memory) and then read by the tile's pixels, which stop one by one.
 
 template <typename T>
-void tiled_fwd_cpu(int H, int W, const int64_t* off, const int32_t* ids, const Inputs& in,
+void tiled_fwd_cpu(int H, int W, const int64_t* off, const int32_t* ids, const Inputs<T>& in,
                    const kn::SplatParams<T>& prm, T* rgb, T* tr, int32_t* cnt) {
-    const T *m = in.means.data_ptr<T>(), *c = in.conics.data_ptr<T>(), *col = in.colors.data_ptr<T>(),
-            *o = in.opac.data_ptr<T>();
+    const T *m = in.means, *c = in.conics, *col = in.colors, *o = in.opac;
     const int tx = kn::splat_tiles_x(W), n_tiles = tx * kn::splat_tiles_y(H);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads())
     for (int tile = 0; tile < n_tiles; ++tile) {
@@ -121,10 +115,9 @@ void tiled_fwd_cpu(int H, int W, const int64_t* off, const int32_t* ids, const I
 }
 
 template <typename T>
-void tiled_bwd_cpu(int H, int W, const int64_t* off, const int32_t* ids, const Inputs& in,
+void tiled_bwd_cpu(int H, int W, const int64_t* off, const int32_t* ids, const Inputs<T>& in,
                    const kn::SplatParams<T>& prm, const T* fT, const int32_t* fn, const T* gr, const T* gT, T* grads) {
-    const T *m = in.means.data_ptr<T>(), *c = in.conics.data_ptr<T>(), *col = in.colors.data_ptr<T>(),
-            *o = in.opac.data_ptr<T>();
+    const T *m = in.means, *c = in.conics, *col = in.colors, *o = in.opac;
     const int tx = kn::splat_tiles_x(W), n_tiles = tx * kn::splat_tiles_y(H);
     with_thread_grads<T>(in.n, grads, [&](T* mine) {
         kn::PixelBwd<T> px[kn::SPLAT_BATCH];
@@ -162,77 +155,68 @@ void tiled_bwd_cpu(int H, int W, const int64_t* off, const int32_t* ids, const I
     });
 }
 
-// ------------------------------------------------------------------------------------ dispatch
+// ------------------------------------------------------------------------------------ the CPU device of ops.h
 
-std::vector<at::Tensor> alloc_fwd(int64_t H, int64_t W, const at::Tensor& like) {
-    return {at::zeros({H, W, 3}, like.options()), at::ones({H, W}, like.options()),
-            at::zeros({H, W}, like.options().dtype(at::kInt))};
-}
+struct Cpu {
+    struct Guard {
+        explicit Guard(const at::Device&) {}
+    };
 
-std::vector<at::Tensor> naive_forward(const at::Tensor& means, const at::Tensor& conics, const at::Tensor& colors,
-                                      const at::Tensor& opac, int64_t H, int64_t W, double a0, double a1, double st) {
-    const Inputs in = inputs(means, conics, colors, opac);
-    kn_bind::check_image(H, W);
-    auto out = alloc_fwd(H, W, means);
-    AT_DISPATCH_FLOATING_TYPES(means.scalar_type(), "splat_naive_forward", [&] {
-        naive_fwd_cpu<scalar_t>((int)H, (int)W, in, params<scalar_t>(a0, a1, st), out[0].data_ptr<scalar_t>(),
-                                out[1].data_ptr<scalar_t>(), out[2].data_ptr<int32_t>());
-    });
-    return out;
-}
+    template <typename Fn>
+    static void by_dtype(int dtype, Fn&& fn) {
+        if (dtype == 1) return fn((double*)nullptr);
+        return fn((float*)nullptr);
+    }
 
-at::Tensor naive_backward(const at::Tensor& means, const at::Tensor& conics, const at::Tensor& colors,
-                          const at::Tensor& opac, int64_t H, int64_t W, double a0, double a1, double st,
-                          const at::Tensor& fT, const at::Tensor& fn, const at::Tensor& gr, const at::Tensor& gT) {
-    const Inputs in = inputs(means, conics, colors, opac);
-    kn_bind::check_image(H, W);
-    kn_bind::check_splat_backward(fT, fn, gr, gT, H, W, means, in.n);
-    auto grads = at::zeros({in.n, kn::SPLAT_GRADS}, means.options());
-    AT_DISPATCH_FLOATING_TYPES(means.scalar_type(), "splat_naive_backward", [&] {
-        naive_bwd_cpu<scalar_t>((int)H, (int)W, in, params<scalar_t>(a0, a1, st), fT.data_ptr<scalar_t>(),
-                                fn.data_ptr<int32_t>(), gr.data_ptr<scalar_t>(), gT.data_ptr<scalar_t>(),
-                                grads.data_ptr<scalar_t>());
-    });
-    return grads;
-}
+    template <typename T>
+    static Inputs<T> inputs(int64_t n, const void* means, const void* conics, const void* colors, const void* opac) {
+        return {(const T*)means, (const T*)conics, (const T*)colors, (const T*)opac, n};
+    }
 
-std::vector<at::Tensor> tiled_forward(const at::Tensor& means, const at::Tensor& conics, const at::Tensor& colors,
-                                      const at::Tensor& opac, int64_t H, int64_t W, const at::Tensor& off,
-                                      const at::Tensor& ids, double a0, double a1, double st) {
-    const Inputs in = inputs(means, conics, colors, opac);
-    kn_bind::check_image(H, W);
-    kn_bind::check_tiles(off, ids, H, W, in.n, means.device());
-    auto out = alloc_fwd(H, W, means);
-    AT_DISPATCH_FLOATING_TYPES(means.scalar_type(), "splat_tiled_forward", [&] {
-        tiled_fwd_cpu<scalar_t>((int)H, (int)W, off.data_ptr<int64_t>(), ids.data_ptr<int32_t>(), in,
-                                params<scalar_t>(a0, a1, st), out[0].data_ptr<scalar_t>(), out[1].data_ptr<scalar_t>(),
-                                out[2].data_ptr<int32_t>());
-    });
-    return out;
-}
+    static void splat_naive_forward(int dtype, int H, int W, int64_t n_splats, const void* means, const void* conics,
+                                    const void* colors, const void* opac, double a0, double a1, double st,
+                                    void* rgb, void* tr, int32_t* cnt) {
+        by_dtype(dtype, [&](auto* tag) {
+            using T = std::remove_pointer_t<decltype(tag)>;
+            naive_fwd_cpu<T>(H, W, inputs<T>(n_splats, means, conics, colors, opac), params<T>(a0, a1, st), (T*)rgb,
+                             (T*)tr, cnt);
+        });
+    }
 
-at::Tensor tiled_backward(const at::Tensor& means, const at::Tensor& conics, const at::Tensor& colors,
-                          const at::Tensor& opac, int64_t H, int64_t W, const at::Tensor& off, const at::Tensor& ids,
-                          double a0, double a1, double st, const at::Tensor& fT, const at::Tensor& fn,
-                          const at::Tensor& gr, const at::Tensor& gT) {
-    const Inputs in = inputs(means, conics, colors, opac);
-    kn_bind::check_image(H, W);
-    kn_bind::check_tiles(off, ids, H, W, in.n, means.device());
-    kn_bind::check_splat_backward(fT, fn, gr, gT, H, W, means, kn_bind::longest_tile(off));
-    auto grads = at::zeros({in.n, kn::SPLAT_GRADS}, means.options());
-    AT_DISPATCH_FLOATING_TYPES(means.scalar_type(), "splat_tiled_backward", [&] {
-        tiled_bwd_cpu<scalar_t>((int)H, (int)W, off.data_ptr<int64_t>(), ids.data_ptr<int32_t>(), in,
-                                params<scalar_t>(a0, a1, st), fT.data_ptr<scalar_t>(), fn.data_ptr<int32_t>(),
-                                gr.data_ptr<scalar_t>(), gT.data_ptr<scalar_t>(), grads.data_ptr<scalar_t>());
-    });
-    return grads;
-}
+    static void splat_naive_backward(int dtype, int H, int W, int64_t n_splats, const void* means, const void* conics,
+                                     const void* colors, const void* opac, double a0, double a1, double st,
+                                     const void* fT, const int32_t* fn, const void* gr, const void* gT, void* grads) {
+        by_dtype(dtype, [&](auto* tag) {
+            using T = std::remove_pointer_t<decltype(tag)>;
+            naive_bwd_cpu<T>(H, W, inputs<T>(n_splats, means, conics, colors, opac), params<T>(a0, a1, st),
+                             (const T*)fT, fn, (const T*)gr, (const T*)gT, (T*)grads);
+        });
+    }
+
+    static void splat_tiled_forward(int dtype, int H, int W, int64_t n_splats, const int64_t* off, const int32_t* ids,
+                                    const void* means, const void* conics, const void* colors, const void* opac,
+                                    double a0, double a1, double st, void* rgb, void* tr, int32_t* cnt) {
+        by_dtype(dtype, [&](auto* tag) {
+            using T = std::remove_pointer_t<decltype(tag)>;
+            tiled_fwd_cpu<T>(H, W, off, ids, inputs<T>(n_splats, means, conics, colors, opac),
+                             params<T>(a0, a1, st), (T*)rgb, (T*)tr, cnt);
+        });
+    }
+
+    static void splat_tiled_backward(int dtype, int H, int W, int64_t n_splats, const int64_t* off, const int32_t* ids,
+                                     const void* means, const void* conics, const void* colors, const void* opac,
+                                     double a0, double a1, double st, const void* fT, const int32_t* fn,
+                                     const void* gr, const void* gT, void* grads) {
+        by_dtype(dtype, [&](auto* tag) {
+            using T = std::remove_pointer_t<decltype(tag)>;
+            tiled_bwd_cpu<T>(H, W, off, ids, inputs<T>(n_splats, means, conics, colors, opac), params<T>(a0, a1, st),
+                             (const T*)fT, fn, (const T*)gr, (const T*)gT, (T*)grads);
+        });
+    }
+};
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.def("naive_forward", &naive_forward);
-    m.def("naive_backward", &naive_backward);
-    m.def("tiled_forward", &tiled_forward);
-    m.def("tiled_backward", &tiled_backward);
-}
+TORCH_LIBRARY(nf_splat, m) { kn_ops::define_splat(m); }
+
+TORCH_LIBRARY_IMPL(nf_splat, CPU, m) { kn_ops::impl_splat<Cpu>(m); }
