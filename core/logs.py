@@ -51,7 +51,10 @@ def use_json(loggers: list[logging.Logger] | None = None) -> None:
     targets = loggers if loggers is not None else [logging.getLogger()]
     for logger in targets:
         if not logger.handlers and logger is logging.getLogger():
+            # Nobody configured the root logger (uvicorn configures only its own): the
+            # service's INFO lines would otherwise go nowhere.
             logger.addHandler(logging.StreamHandler())
+            logger.setLevel(min(logger.level, logging.INFO))
         for handler in logger.handlers:
             handler.setFormatter(json_formatter())
             if not any(isinstance(f, RequestIdFilter) for f in handler.filters):
