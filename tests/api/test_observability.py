@@ -94,9 +94,11 @@ def test_metrics_move_and_request_id_reaches_the_worker_log(stack_factory, tmp_p
     lines = []
     for raw in (stack.log_dir / "worker-0.log").read_text().splitlines():
         try:
-            lines.append(json.loads(raw))
+            line = json.loads(raw)
         except ValueError:
             continue  # Celery's banner is not a log line
+        if isinstance(line, dict):
+            lines.append(line)
     assert lines and all({"time", "level", "logger", "message"} <= set(line) for line in lines)
     mine = [line for line in lines if line.get("request_id") == RID]
     assert any(f"nf.train[{job_id}]" in line["message"] for line in mine), lines[-20:]
