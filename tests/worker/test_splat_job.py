@@ -176,5 +176,5 @@ def test_default_schedule_fires_within_a_short_budget(fs_stack, scene):
     job = train_scene(fs_stack, scene, "splat", {"time_limit_s": 12, "n_test_renders": 0})["job"]
     m = job["metrics"]
     assert m["steps"] < 3000  # the budget, not `steps`, ended the run
-    assert m["densifications"] >= 3 and m["opacity_resets"] >= 1, m
+    assert m["densifications"] >= 1 and m["opacity_resets"] >= 1, m
     assert m["schedule_step"] > 1000  # past the first reset: large-splat pruning is on

@@ -202,3 +202,23 @@ def test_antialiased_training_is_recorded_for_renderers_and_files(tmp_path, blen
     assert ply_antialiased(ply_bytes(t.params, None, True))
     assert not ply_antialiased(ply_bytes(t.params))
     read_ply(ply_bytes(t.params, None, True))  # the comment leaves the layout readable
+
+
+def test_schedule_follows_the_time_budget(tmp_path, blender):
+    """A 3000-step schedule in a budget that fits ~25 steps: the schedule moves 60 schedule steps
+    a step (2 s of a 100 s budget each), densifies at most every MIN_REFINE_STEPS steps and
+    resets opacity once it passes 1000, all before the densify window closes at 1500."""
+    from worker.splat.trainer import MIN_REFINE_STEPS
+
+    cfg, _, job = intake(tmp_path, blender, {"n_init_points": 300})
+    assert cfg["steps"] == 3000 and cfg["opacity_reset_every"] == 1000
+    meta = read_meta(job / "dataset")
+    t = SplatTrainer(cfg, meta, torch.device("cpu"), Dataset(job / "dataset", "train", meta))
+    t.lr_horizon_s = 100.0
+    assert MIN_REFINE_STEPS == 10
+    for _ in range(26):
+        t.budget_used_s = 2.0 * t.step
+        t.train_step()
+    # schedule 60 (s - 1) after step s: past 100 at step 3, then steps 13 and 23; 1000 at 18
+    assert t.counts == {"densifications": 3, "opacity_resets": 1, "relocated": 0}
+    assert t.sched == 1500 and t.active_degree() == 3

@@ -32,6 +32,10 @@ from worker.splat.ssim import ssim
 
 log = logging.getLogger(__name__)
 APPEARANCE_MEAN_WEIGHT = 1.0  # pull of the per-image transforms' mean towards the identity
+# Fewest training steps between two refinements (densify/prune, MCMC relocation): when the time
+# budget moves the schedule faster than the steps, gradient statistics still span several views
+# and the number of Gaussians cannot double every step.
+MIN_REFINE_STEPS = 10
 
 
 def read_points3d(path: Path, normalization: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,6 +132,7 @@ class SplatTrainer:
         self.budget_used_s = 0.0
         self.sched = 0.0  # schedule position after the last step (see schedule_step)
         self.counts = {"densifications": 0, "opacity_resets": 0, "relocated": 0}
+        self.last_refine_step = -MIN_REFINE_STEPS
 
     # -- state --------------------------------------------------------------------------------
     def _init(self, dataset_dir: Path | None):
@@ -305,7 +310,7 @@ class SplatTrainer:
         if self.appearance is not None:
             self.app_opt.step()
         with torch.no_grad():
-            mse = float(((rgb - target) ** 2).mean())
+            mse = ((rgb - target) ** 2).mean()
             if (
                 not self.mcmc
                 and self.sched < self.densify_until
@@ -331,27 +336,38 @@ class SplatTrainer:
             def crossed(every: int) -> bool:  # a multiple of `every` passed during this step
                 return int(self.sched // every) > int(prev // every)
 
-            if self.sched >= c["densify_from"] and crossed(c["densify_every"]):
+            if (
+                self.sched >= c["densify_from"]
+                and crossed(c["densify_every"])
+                and self._may_refine()
+            ):
                 self.densify_and_prune()
                 self.counts["densifications"] += 1
             if crossed(c["opacity_reset_every"]):
                 self.reset_opacity()
                 self.counts["opacity_resets"] += 1
+        # Loss and MSE read back together: one wait for the device a step, not two.
+        loss_value, mse = torch.stack([loss.detach(), mse]).tolist()
         self.train_s += time.perf_counter() - t0
         return {
-            "loss": float(loss.detach()),
+            "loss": loss_value,
             "psnr": psnr_from_mse(mse),
             "n_gaussians": self.n,
             "seconds": time.perf_counter() - t0,
         }
 
+    def _may_refine(self) -> bool:
+        if self.step - self.last_refine_step < MIN_REFINE_STEPS:
+            return False
+        self.last_refine_step = self.step
+        return True
+
     # -- MCMC -----------------------------------------------------------------------------------
     def _mcmc_step(self, prev: float):
         c = self.config
         every = int(c["densify_every"])
-        if c["densify_from"] <= self.sched < self.densify_until and int(self.sched // every) > int(
-            prev // every
-        ):
+        crossed = int(self.sched // every) > int(prev // every)
+        if c["densify_from"] <= self.sched < self.densify_until and crossed and self._may_refine():
             self.counts["relocated"] += self.relocate_dead()
             self.add_gaussians()
             self.counts["densifications"] += 1
