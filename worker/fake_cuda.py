@@ -8,8 +8,9 @@ branches are the ones taken, and every torch call is checked as CUDA would check
 - a CPU tensor meeting a CUDA one in an op raises `FakeCudaError` (0-dim CPU tensors are allowed,
   as CUDA allows them; a CPU index into a CUDA tensor is allowed, as indexing moves it);
 - `.numpy()` of a CUDA tensor raises, as on a GPU;
-- a compiled op (`kernels._ext`) of the CUDA build runs the CPU build, but only if the CUDA
-  binding defines it, and raises when given a CPU tensor (a CPU op given a CUDA tensor too);
+- our compiled ops (`kernels._ext`, torch.library ops) run their CPU kernels, since the tensors
+  are on the CPU; asked for through the CUDA library, an op it does not register
+  (`_ext.cuda_op_names`) raises, and so does a CPU tensor given to a CUDA op (or the reverse);
 - host synchronisations are counted (`counts`): explicit reads (`.item()`, `.tolist()`,
   `.cpu()`, `bool()`/`float()`/`int()` of a GPU tensor, device-to-host copies,
   `torch.cuda.synchronize()`), implicit ones (ops whose output size depends on the data:
@@ -478,7 +479,7 @@ _CUDA_PATCHES: dict[str, Any] = {
 }
 
 
-# Arguments the CUDA bindings read on the host (csrc/cuda_binding.cpp: kn_bind::hash_grid_meta).
+# Arguments our CUDA ops read on the host (csrc/ops.h: the hash grid's level tables).
 _HOST_ARGS = {"hash_grid_forward": (2, 3, 4, 5), "hash_grid_backward": (4, 5, 6, 7)}
 # CUDA ops that wait for the device themselves (march_rays reads its output size back).
 _WAITS_INSIDE = {"march_rays"}
@@ -505,6 +506,7 @@ class _CheckedOps:
         cuda = self._device_type == "cuda"
 
         host = _HOST_ARGS.get(name, ()) if cuda else ()
+        library_op = isinstance(fn, (torch._ops.OpOverloadPacket, torch._ops.OpOverload))
 
         def call(*args, **kwargs):
             for i, a in enumerate(args):
@@ -515,7 +517,7 @@ class _CheckedOps:
                             f"{self._label}.{name} ({self._device_type.upper()} build) given a "
                             f"{_describe(t)} tensor as {where}{i}"
                         )
-            if name in _WAITS_INSIDE and cuda:
+            if name in _WAITS_INSIDE and cuda and not library_op:  # the mode counts those
                 _count("implicit", name)
             out = fn(*args, **kwargs)
             _mark(out, cuda)
@@ -525,14 +527,12 @@ class _CheckedOps:
 
 
 def _cuda_names(ext) -> set[str] | None:
-    import re
-
+    """The ops the CUDA build of `ext` has, as its sources say (None: unknown)."""
     from kernels import _ext
 
-    path = Path(_ext.CSRC) / getattr(ext, "cuda_binding", "")
-    if not path.is_file():
-        return None
-    return set(re.findall(r'm\.def\(\s*"(\w+)"', path.read_text()))
+    if hasattr(_ext, "cuda_op_names"):
+        return _ext.cuda_op_names(ext)
+    return None
 
 
 class _Patches:
