@@ -32,7 +32,11 @@ def test_fuzzed_requests_get_documented_answers(stack_factory):
     )
     print(f"requests tried: {res.requests}; status codes {res.by_status}")
     assert res.failures == [], "\n".join(res.failures[:10])
-    assert 200 <= res.requests <= 400
+    # At most `examples` (12) requests per mode (positive, negative) per operation: the bound
+    # grows with the API instead of being edited for every new route.
+    spec = stack.client.get("/openapi.json").json()
+    n_ops = sum(len(methods) for methods in spec["paths"].values())
+    assert 200 <= res.requests <= 2 * 12 * n_ops
     # It got past the front door: real renders and files came back, and dropped keys were refused.
     assert (
         res.by_status.get(200, 0) >= 20
