@@ -21,6 +21,14 @@ HTTP_HEADER = "X-Request-ID"
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
+def put_request_id(headers=None, **_) -> None:
+    """Celery's before_task_publish receiver: the current request id goes into the task's
+    headers (the API's requests, and a task that sends the next one: preprocess -> train)."""
+    rid = REQUEST_ID.get()
+    if rid and headers is not None:
+        headers[TASK_HEADER] = rid
+
+
 def request_id_from(value: str | None) -> str:
     """The client's id when it is a plain token, else a new one."""
     if value and _CLIENT_ID.match(value):

@@ -14,7 +14,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from core import metrics
 from core.celery_config import PREPROCESS_QUEUE, RENDER_QUEUE, TRAIN_QUEUE, broker_dirs
-from core.logs import HTTP_HEADER, REQUEST_ID, TASK_HEADER, request_id_from
+from core.logs import HTTP_HEADER, REQUEST_ID, put_request_id, request_id_from
 from core.settings import Settings
 from core.store import JobStore
 
@@ -60,11 +60,7 @@ class Observe:
                 metrics.RENDER_SECONDS.labels(route, code).observe(seconds)
 
 
-@before_task_publish.connect
-def _send_request_id(headers=None, **_):
-    rid = REQUEST_ID.get()
-    if rid and headers is not None:
-        headers[TASK_HEADER] = rid
+before_task_publish.connect(put_request_id)
 
 
 class CountedBucket:

@@ -11,17 +11,19 @@ import time
 from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
+    before_task_publish,
     task_postrun,
     task_prerun,
     worker_ready,
 )
 
 from core import metrics
-from core.logs import REQUEST_ID, TASK_HEADER, use_json
+from core.logs import REQUEST_ID, TASK_HEADER, put_request_id, use_json
 from core.settings import get_settings
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 5.0
+before_task_publish.connect(put_request_id)
 
 
 @after_setup_logger.connect
