@@ -30,7 +30,7 @@ CURVE_INTERVAL_S = 30.0  # training seconds between test-PSNR curve points (at m
 # The first point comes early (it also measures the render speed the final evaluation plans
 # with), though not before the occupancy grid's warm-up (until then every sample of every ray
 # is evaluated: a point costs many times what it will), and short budgets get points more often.
-CURVE_FIRST_SHARE, CURVE_SHARE_BETWEEN = 0.05, 0.1
+CURVE_FIRST_SHARE, CURVE_SHARE_BETWEEN, CURVE_LATEST_SHARE = 0.05, 0.1, 0.25
 
 
 @contextmanager
@@ -172,7 +172,10 @@ class NerfJob(SceneJob):
             trainer.next_curve_s = due = trainer.train_s + min(
                 CURVE_INTERVAL_S, CURVE_FIRST_SHARE * limit
             )
-        if trainer.train_s < due or trainer.step < trainer.config["occupancy_warmup_steps"]:
+        warming = trainer.step < trainer.config["occupancy_warmup_steps"]
+        # A worker so slow that the warm-up outlasts a quarter of the budget measures anyway
+        # (pessimistically: the evaluation then keeps more room, which such a worker needs).
+        if trainer.train_s < due or (warming and trainer.train_s < CURVE_LATEST_SHARE * limit):
             return
         interval = min(CURVE_INTERVAL_S, CURVE_SHARE_BETWEEN * limit)
         # The first point probes the render speed on PROBE_PIXELS; later ones take as many of
