@@ -158,6 +158,8 @@ def test_compiled_ops_run_the_cpu_build_and_refuse_a_host_tensor():
             _ext.for_tensor(grid.bits).occ_query(
                 torch.zeros(4, 3), grid.bits, 16, grid.center, grid.half
             )
+        with pytest.raises(FakeCudaError, match="cull_round has no CUDA implementation"):
+            _ext.for_tensor(grid.bits).cull_round(grid.bits)  # compiled for the CPU only
 
 
 def test_our_ops_as_torch_library_ops_are_checked_too():
