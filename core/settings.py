@@ -83,6 +83,11 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = Field(
         None, description="file with one `name:token` (or `token`) per line"
     )
+    key_id_secret: str | None = Field(
+        None,
+        repr=False,
+        description="HMAC secret of key ids on disk; unset: made once in DATA_DIR/keys/.id-secret",
+    )
     render_pixels_per_min: float = Field(
         200_000_000, gt=0, description="rendered pixels (w*h*frames) per key per minute"
     )
@@ -197,6 +202,7 @@ class Settings(BaseSettings):
         "redis_url",
         "api_keys",
         "api_keys_file",
+        "key_id_secret",
         "sfm_vocab_tree_path",
         "lpips_model",
         "metrics_token",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import logging
 import pkgutil
-from collections import Counter
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,7 +23,7 @@ from service.auth import KeyRing, install_log_redaction
 from service.observability import CountedBucket, Observe, StateCollector
 from service.queue import TaskQueue, make_client
 from service.quotas import Quotas
-from service.ratelimit import make_bucket
+from service.ratelimit import make_bucket, make_stream_slots
 from service.static import mount_web
 
 log = logging.getLogger(__name__)
@@ -142,8 +141,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.queue = TaskQueue(make_client(settings), settings)
     app.state.quotas = Quotas(storage, app.state.store, settings)
     app.state.quotas.index.build_once()
-    app.state.open_streams = Counter()  # key id -> event streams open in this process
+    app.state.stream_slots = make_stream_slots(settings)  # MAX_STREAMS_PER_KEY, Redis-shared
     app.state.keys = KeyRing.from_settings(settings)
+    if moved := app.state.quotas.index.rename_keys(app.state.keys.renames):
+        log.info("moved %d jobs from unsalted key ids to HMAC key ids (service/auth.py)", moved)
     install_log_redaction()
     if settings.log_format == "json":
         use_json([logging.getLogger(n) for n in ("", "uvicorn", "uvicorn.error", "uvicorn.access")])

@@ -1,10 +1,14 @@
 """API keys: bearer tokens from API_KEYS / API_KEYS_FILE, and which key owns which job.
 
-A key is `token` or `name:token`. A job records its owner as the key's id, a hash of the
-token (never the token), in `<job>/owner`; any other key is told the job does not exist (404),
-so job ids leak nothing across keys. Tokens are compared as SHA-256 digests with
-hmac.compare_digest against every configured key (no early exit), and never logged: only
-key names and ids appear in logs.
+A key is `token` or `name:token`. A job records its owner as the key's id in `<job>/owner`;
+any other key is told the job does not exist (404), so job ids leak nothing across keys. The id
+is HMAC-SHA256 of the token under a server secret (`h-` + 32 hex digits): KEY_ID_SECRET, else
+one the deployment makes once in `DATA_DIR/keys/.id-secret` (mode 0600, shared by replicas on
+the same DATA_DIR), so ids on disk cannot be checked against guessed tokens offline. Jobs and
+index entries of the unsalted ids of earlier versions (`k-` + sha256(token)[:24]) are moved to
+the new id at start (`KeyRing.renames`, service/quotas.py `KeyIndex.rename_key`). Tokens are
+compared as SHA-256 digests with hmac.compare_digest against every configured key (no early
+exit), and never logged: only key names and ids appear in logs.
 """
 
 from __future__ import annotations
@@ -12,7 +16,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import os
 import re
+import secrets
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +46,40 @@ class ApiKey:
         return f"ApiKey(name={self.name!r}, id={self.id!r})"
 
 
-def key_id(token: str) -> str:
+ID_SECRET_FILE = ".id-secret"  # under DATA_DIR/keys/
+
+
+def key_id(token: str, secret: bytes) -> str:
+    return "h-" + hmac.new(secret, token.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def legacy_key_id(token: str) -> str:
+    """The unsalted id earlier versions wrote; only read, to move such jobs to `key_id`."""
     return "k-" + hashlib.sha256(token.encode()).hexdigest()[:24]
+
+
+def id_secret(settings) -> bytes:
+    """KEY_ID_SECRET, else the deployment's own secret file, made on first use (the first
+    replica to link it wins; the others read it)."""
+    if settings.key_id_secret:
+        return settings.key_id_secret.encode()
+    folder = Path(settings.data_dir) / "keys"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / ID_SECRET_FILE
+    if not path.exists():
+        tmp = folder / f"{ID_SECRET_FILE}.{os.getpid()}.{time.time_ns()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)  # all or nothing: never a half-written secret
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_text().strip().encode()
 
 
 def _parse_entries(entries: Iterable[str], source: str) -> list[tuple[str | None, str]]:
@@ -63,11 +102,13 @@ def _parse_entries(entries: Iterable[str], source: str) -> list[tuple[str | None
 
 
 class KeyRing:
-    def __init__(self, pairs: Iterable[tuple[str | None, str]]):
+    def __init__(self, pairs: Iterable[tuple[str | None, str]], secret: bytes):
         self._keys: list[tuple[bytes, ApiKey]] = []
+        self.renames: dict[str, str] = {}  # legacy id -> id, for the move at start
         for name, token in pairs:
-            kid = key_id(token)
+            kid = key_id(token, secret)
             self._keys.append((hashlib.sha256(token.encode()).digest(), ApiKey(kid, name or kid)))
+            self.renames[legacy_key_id(token)] = kid
 
     @classmethod
     def from_settings(cls, settings) -> KeyRing:
@@ -81,7 +122,7 @@ class KeyRing:
             except OSError as exc:
                 raise KeyConfigError(f"API_KEYS_FILE {path}: {exc.strerror or exc}") from None
             pairs += _parse_entries(text.splitlines(), f"API_KEYS_FILE {path}")
-        return cls(pairs)
+        return cls(pairs, id_secret(settings) if pairs else b"")
 
     def __len__(self) -> int:
         return len(self._keys)

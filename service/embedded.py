@@ -14,7 +14,7 @@ import sys
 
 import uvicorn
 
-from core.process import set_parent_death_signal
+from core.process import set_parent_death_signal, worker_env
 from core.settings import Settings, get_settings
 from service.auth import DEV_KEY
 
@@ -104,7 +104,8 @@ def main() -> int:
         shutil.rmtree(metrics_dir, ignore_errors=True)
         metrics_dir.mkdir()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
-    env = {**os.environ, "DATA_DIR": str(settings.data_dir.resolve())}
+    # The worker gets no API key: it never checks one (core.process.API_ONLY_ENV).
+    env = {**worker_env(), "DATA_DIR": str(settings.data_dir.resolve())}
     parent = os.getpid()
     # The worker dies with this process however it dies (SIGKILL, OOM killer): a worker left
     # training with no API in front of it helps nobody. SIGTERM is its warm shutdown, which

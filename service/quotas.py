@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import math
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,10 +27,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from api_schemas.jobs import Job, JobStatus
-from core.storage import JobPaths, LocalStorage, atomic_write_json
+from core.storage import JobPaths, LocalStorage, atomic_write_bytes, atomic_write_json
 from core.store import JobNotFound, JobStore
 from service.auth import OWNER_FILE, ApiKey, record_owner
 
+log = logging.getLogger(__name__)
 HOUR = 3600.0
 
 
@@ -101,6 +104,39 @@ class KeyIndex:
             else:
                 (folder / name).unlink(missing_ok=True)
         return out
+
+    def rename_key(self, old: str, new: str) -> int:
+        """Move what the index and the job folders hold under key id `old` to `new` (owner files
+        first, then index entries, then the key's other files); returns the jobs moved. Safe to
+        run from several replicas at once: every step is a rename or an atomic rewrite."""
+        src = self.root / old
+        if not src.is_dir():
+            return 0
+        moved = 0
+        jobs = src / "jobs"
+        for entry in sorted(jobs.iterdir()) if jobs.is_dir() else []:
+            owner = self.storage.paths(entry.name.partition("-")[2]).root / OWNER_FILE
+            try:
+                if owner.read_text().strip() == old:
+                    atomic_write_bytes(owner, new.encode())
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+            self.folder(new).mkdir(parents=True, exist_ok=True)
+            try:
+                os.replace(entry, self.folder(new) / entry.name)
+                moved += 1
+            except FileNotFoundError:
+                pass
+        (self.root / new).mkdir(parents=True, exist_ok=True)
+        for other in src.iterdir():
+            if other.name != "jobs" and not (self.root / new / other.name).exists():
+                os.replace(other, self.root / new / other.name)
+        shutil.rmtree(src, ignore_errors=True)
+        return moved
+
+    def rename_keys(self, renames: dict[str, str]) -> int:
+        """`rename_key` for each (old id -> id); jobs moved in all."""
+        return sum(self.rename_key(old, new) for old, new in renames.items() if old != new)
 
     def build_once(self) -> None:
         """Index jobs made before the index existed (their owner files say whose they are)."""
@@ -191,7 +227,11 @@ class Quotas:
         try:
             return self._admit(key)
         except redis.RedisError as exc:
-            raise QuotaExceeded(503, f"the job queue is unavailable: {exc}") from None
+            # The exception names Redis' host and port: logged, never sent to the client.
+            log.warning("quota check failed: %s", exc)
+            raise QuotaExceeded(
+                503, f"the job queue is unavailable ({type(exc).__name__})"
+            ) from None
 
     def _admit(self, key: ApiKey) -> Admission:
         s = self.settings

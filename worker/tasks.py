@@ -8,6 +8,7 @@ import base64
 import fcntl
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -80,8 +81,23 @@ def _store() -> JobStore:
     return JobStore(storage, listeners=[webhooks.status_recorder(storage), metrics.status_listener])
 
 
+# An absolute path in an exception's text (FileNotFoundError and the like) shows clients the
+# server's layout: a job's own files are named relative to its folder, any other by its name.
+_ABS_PATH = re.compile(r"(?<![\w.:/~])/(?:[^\s'\":,()/]+/)+[^\s'\":,()/]*")
+_IN_JOB = re.compile(r"/jobs/[0-9a-fA-F-]{36}/(.+)")
+
+
+def _without_paths(msg: str) -> str:
+    def relative(m: re.Match) -> str:
+        path = m.group(0)
+        inside = _IN_JOB.search(path)
+        return inside.group(1) if inside else ".../" + path.rstrip("/").rsplit("/", 1)[-1]
+
+    return _ABS_PATH.sub(relative, msg)
+
+
 def _short_error(exc: BaseException) -> str:
-    msg = str(exc).strip()
+    msg = _without_paths(str(exc).strip())
     if isinstance(exc, UnknownKind):
         return msg
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
@@ -218,7 +234,9 @@ def preprocess(job_id: str) -> None:
                 store.set_status(
                     job_id,
                     JobStatus.failed,
-                    error=str(exc) if isinstance(exc, sfm_stage.StageError) else _short_error(exc),
+                    error=_without_paths(str(exc))
+                    if isinstance(exc, sfm_stage.StageError)
+                    else _short_error(exc),
                     only_from={JobStatus.running, JobStatus.queued},
                 )
                 return
@@ -467,7 +485,9 @@ def _render(job_id: str, request: dict[str, Any], fn_name: str) -> dict[str, Any
         return {"error": {"status_code": 504, "detail": "render hit its time limit"}}
     except Exception as exc:
         log.exception("render of %s failed", job_id)
-        return {"error": {"status_code": 500, "detail": f"render failed: {_short_error(exc)}"}}
+        # The exception's text stays in this log: it can name server paths and internals.
+        detail = f"the render failed on the worker ({type(exc).__name__}; its cause is logged)"
+        return {"error": {"status_code": 500, "detail": detail}}
     limit = get_settings().max_render_result_bytes
     if len(data) * 4 // 3 > limit:
         return {

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qs
 
-from service.api.upload_limit import body_limit_for, send_json
+from service.api.upload_limit import body_limit_for, route_path, send_json
 from service.auth import KeyRing, bearer_token
 
 V1 = "/v1"
@@ -25,7 +25,7 @@ def _header(scope, name: bytes) -> str | None:
 
 def token_of(scope) -> str | None:
     token = bearer_token(_header(scope, b"authorization"))
-    if token is None and scope["method"] == "GET" and EVENTS_ROUTE.match(scope["path"]):
+    if token is None and scope["method"] == "GET" and EVENTS_ROUTE.match(route_path(scope)):
         values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("access_token")
         token = values[0] if values and values[0] else None
     return token
@@ -38,9 +38,10 @@ class V1Gate:
         self.settings = settings
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not (
-            scope["path"] == V1 or scope["path"].startswith(V1 + "/")
-        ):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = route_path(scope)  # under --root-path the raw path starts with the prefix
+        if not (path == V1 or path.startswith(V1 + "/")):
             return await self.app(scope, receive, send)
         token = token_of(scope)
         if token is None:

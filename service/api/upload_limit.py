@@ -88,13 +88,23 @@ class BodyLimit:
                 await self._reject(send)
 
 
+def route_path(scope) -> str:
+    """The path the app routes on: `path` less the deployment's prefix (uvicorn --root-path or a
+    proxy's), as Starlette's router sees it; the raw `path` starts with the prefix."""
+    path, root = scope["path"], scope.get("root_path", "")
+    if root and path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
+        return path[len(root) :]
+    return path
+
+
 def body_limit_for(scope, settings) -> BodyLimit:
-    if (scope["method"], scope["path"].rstrip("/")) in UPLOAD_PATHS:
+    path = route_path(scope).rstrip("/")
+    if (scope["method"], path) in UPLOAD_PATHS:
         return BodyLimit(
             settings.max_upload_bytes + MULTIPART_SLACK,
             f"upload exceeds the limit of {settings.max_upload_bytes} bytes (MAX_UPLOAD_MB)",
         )
-    if scope["method"] == "POST" and PATH_ROUTE.match(scope["path"].rstrip("/")):
+    if scope["method"] == "POST" and PATH_ROUTE.match(path):
         limit = max(settings.max_json_body_bytes, PATH_BODY_BYTES)
         return BodyLimit(limit, f"camera path body exceeds the limit of {limit} bytes")
     return BodyLimit(

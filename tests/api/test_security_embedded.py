@@ -96,6 +96,9 @@ def test_make_run_stops_trainings_and_dies_with_its_parent(tmp_path):
 
         # SIGTERM (Ctrl-C is the same path): training stops at its next step, job re-queued.
         worker_pid = int(re.findall(r"worker pid (\d+)", log.read_text())[-1])
+        # The API runs with the dev key; its worker never sees it.
+        environ = open(f"/proc/{worker_pid}/environ", "rb").read().split(b"\0")
+        assert not [v for v in environ if v.startswith(b"API_KEYS")], "the worker got API_KEYS"
         proc.send_signal(signal.SIGTERM)
         took = _wait(lambda: _statuses(data, job_id)[-1] == "queued", 10, "training stop", log)
         assert took < 5

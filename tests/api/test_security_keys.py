@@ -80,7 +80,7 @@ def test_the_owner_reaches_every_route(keyed):
     assert a.post(f"/v1/jobs/{job_id}/render", json={"width": 8, "height": 8}).status_code == 200
     # The owner file holds the key's id, never the token.
     owner = (stack.job_dir(job_id) / "owner").read_text()
-    assert owner.startswith("k-") and KEY_A not in owner
+    assert owner.startswith("h-") and KEY_A not in owner
 
 
 def test_other_keys_get_404_on_every_route(keyed):

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from service.auth import OWNER_FILE, key_id
+from core.settings import Settings
+from service.auth import OWNER_FILE, id_secret, key_id
 from tests.support.stack import REPO, TEST_KEY, png_bytes
 from worker.checkpoints import CheckpointManager
 
@@ -61,6 +62,11 @@ def _pickle_bomb(marker: Path) -> bytes:
     return pickle.dumps({"w": Boom()})
 
 
+def _owner_id(stack) -> str:
+    """The test key's id as this stack writes it (HMAC under the deployment's secret)."""
+    return key_id(TEST_KEY, id_secret(Settings(data_dir=stack.data_dir, key_id_secret=None)))
+
+
 @pytest.fixture(scope="module")
 def trained(fs_stack):
     r = fs_stack.submit(png_bytes(20, 16), config={"steps": 30, "resolution": 16})
@@ -73,7 +79,7 @@ def trained(fs_stack):
     evil = fs_stack.data_dir / "jobs" / "evil"
     evil.mkdir(exist_ok=True)
     (evil / "job.json").write_text((fs_stack.job_dir(job_id) / "job.json").read_text())
-    (evil / OWNER_FILE).write_text(key_id(TEST_KEY))
+    (evil / OWNER_FILE).write_text(_owner_id(fs_stack))
     return job_id
 
 
@@ -168,7 +174,7 @@ def test_upload_filename_cannot_leave_the_job_folder(fs_stack):
         root = fs_stack.job_dir(r.json()["id"])
         assert not (root / "upload").exists()
         assert json.loads((root / "job.json").read_text())["id"] == r.json()["id"]
-        assert (root / OWNER_FILE).read_text() == key_id(TEST_KEY)
+        assert (root / OWNER_FILE).read_text() == _owner_id(fs_stack)
     outside_after = {p for p in fs_stack.data_dir.rglob("*") if jobs not in p.parents and p != jobs}
     # broker/, results/ and the per-key index (keys/) are the service's own.
     new = {

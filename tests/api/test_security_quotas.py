@@ -11,6 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from api_schemas.jobs import JobStatus
+from core.settings import Settings
+from core.storage import get_storage
+from core.store import JobStore
+from service.auth import ApiKey, id_secret, key_id, record_owner
+from service.quotas import KeyIndex
 from tests.support.stack import Stack, auth_headers, free_port, png_bytes
 
 KEY_A, KEY_B = "alpha-token-1111", "bravo-token-2222"
@@ -31,6 +37,25 @@ def _submit(client: httpx.Client, config: str = '{"steps": 10, "resolution": 16}
     )
 
 
+def _finished_job_with_files(stack: Stack, token: str, n_files: int) -> str:
+    """A cancelled job of `token`'s key, as the store writes one, holding `n_files` empty files:
+    every admission of that key walks them under the per-key lock (a few tenths of a second)."""
+    settings = Settings(data_dir=stack.data_dir, key_id_secret=None)
+    storage = get_storage(settings)
+    kid = key_id(token, id_secret(settings))
+    job_id, paths = storage.new_job_dir()
+    record_owner(paths, ApiKey(kid, "walked"))
+    store = JobStore(storage)
+    store.create(job_id, "image", {}, {})
+    store.set_status(job_id, JobStatus.cancelled)
+    KeyIndex(storage).add(kid, job_id)
+    files = paths.root / "artifacts"
+    files.mkdir()
+    for i in range(n_files):
+        (files / str(i)).touch()
+    return job_id
+
+
 def test_quotas_hold_across_replicas(stack_factory):
     stack = stack_factory(queues=None, redis_db=7, env=QUOTAS)  # nobody trains: jobs stay queued
     replica = Stack(stack.data_dir, stack.log_dir, stack.env, free_port())
@@ -42,7 +67,10 @@ def test_quotas_hold_across_replicas(stack_factory):
         r = _submit(one, '{"steps": 5000, "resolution": 16}')
         assert r.status_code == 422 and "MAX_TRAIN_STEPS" in r.json()["detail"], r.text
 
-        # Six at once, three to each replica: exactly QUOTA_ACTIVE_JOBS get in.
+        # Six at once, three to each replica: exactly QUOTA_ACTIVE_JOBS get in. The slow disk
+        # walk inside each admission makes the six overlap: without the per-key lock all six
+        # would count no active job and all get in.
+        _finished_job_with_files(stack, KEY_A, 25_000)
         with ThreadPoolExecutor(6) as pool:
             answers = list(pool.map(_submit, [one, two] * 3))
         codes = sorted(a.status_code for a in answers)
@@ -79,7 +107,7 @@ def test_quotas_hold_across_replicas(stack_factory):
         os.mkfifo(planted / "job.json")
         for client in (one, two):
             listed = client.get("/v1/jobs", timeout=5).json()
-            assert listed["total"] == 5 and len({j["id"] for j in listed["items"]}) == 5
+            assert listed["total"] == 6 and len({j["id"] for j in listed["items"]}) == 6
             assert (
                 client.get("/v1/jobs", params={"status": "queued"}, timeout=5).json()["total"] == 2
             )

@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from core.process import API_ONLY_ENV
 from tests.support.compose_local import REPO, argv_of, environment_of, load_compose
 
 GPU_FILE = REPO / "docker-compose.yml"
@@ -143,8 +144,12 @@ def test_every_setting_reaches_every_service():
     for path in (GPU_FILE, CPU_FILE):
         services = load_compose(path, env={})["services"]
         for name in ("api", *WORKERS):
-            missing = wanted - set(environment_of(services[name]))
+            env = set(environment_of(services[name]))
+            expected = wanted if name == "api" else wanted - set(API_ONLY_ENV)
+            missing = expected - env
             assert not missing, f"{path.name}: {name} does not forward {sorted(missing)}"
+            if name != "api":  # workers need no client key (core.process.API_ONLY_ENV)
+                assert not env & set(API_ONLY_ENV), f"{path.name}: {name} gets the API's secrets"
 
 
 def test_bare_settings_follow_the_host_environment():

@@ -13,17 +13,18 @@ import json
 import logging
 import os
 import time
-from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import anyio
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from core.storage import JobPaths, LocalStorage
 from service.api.deps import JOB_GUARDS, get_storage, job_id_param
 from service.auth import ApiKey
+from service.ratelimit import STREAM_LEASE_S, StreamSlots
 
 log = logging.getLogger(__name__)
 
@@ -258,23 +259,31 @@ async def stream_job_events(
     if not paths.job_json.is_file():
         raise HTTPException(404, detail=f"job {job_id} not found")
     key: ApiKey = request.state.api_key
-    open_streams: Counter = request.app.state.open_streams
-    cap = request.app.state.settings.max_streams_per_key
-    if open_streams[key.id] >= cap:
+    # Shared through Redis when REDIS_URL is set: the cap holds across API replicas.
+    slots: StreamSlots = request.app.state.stream_slots
+    slot = await slots.acquire(key.id)
+    if slot is None:
         raise HTTPException(
             429,
-            f"this API key has {open_streams[key.id]} event streams open, the limit is {cap} "
-            f"(MAX_STREAMS_PER_KEY)",
+            f"this API key has {await slots.count(key.id)} event streams open, the limit is "
+            f"{slots.cap} (MAX_STREAMS_PER_KEY)",
             headers={"Retry-After": "5"},
         )
-    open_streams[key.id] += 1
+
+    async def keep(slot: str) -> None:
+        while True:
+            await asyncio.sleep(STREAM_LEASE_S / 3)
+            await slots.refresh(key.id, slot)
 
     async def counted() -> AsyncIterator[ServerSentEvent]:
+        lease = asyncio.create_task(keep(slot))
         try:
             async for ev in job_events(paths, after):
                 yield ev
         finally:
-            open_streams[key.id] -= 1
+            lease.cancel()
+            with anyio.CancelScope(shield=True):  # a disconnect cancels; the slot still goes back
+                await slots.release(key.id, slot)
 
     # ping keeps proxies from closing the stream while a job waits in the queue;
     # send_timeout drops a client that stopped reading instead of holding its task forever.

@@ -3,6 +3,8 @@ worker (`nf.export`), state in `<job>/exports/<id>.json`, the file in the job's 
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 
 from api_schemas.exports import (
@@ -97,10 +99,11 @@ def create_export(
     try:
         queue.send_export(job.id, export.id)
     except Exception as exc:
-        exports.update(
-            job.id, export.id, status=ExportStatus.failed, error=f"could not queue: {exc}"
-        )
-        raise HTTPException(503, f"the task queue is unreachable: {exc}") from None
+        # The broker's exception names its host: logged here, only its type goes out.
+        logging.getLogger(__name__).warning("could not queue export %s: %s", export.id, exc)
+        reason = f"the task queue is unreachable ({type(exc).__name__})"
+        exports.update(job.id, export.id, status=ExportStatus.failed, error=reason)
+        raise HTTPException(503, reason) from None
     return export
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+import threading
+import time
+
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from core.storage import LocalStorage
@@ -18,9 +21,31 @@ def healthz() -> dict:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Broker reachable and storage writable")
-def readyz(storage: LocalStorage = Depends(get_storage), queue: TaskQueue = Depends(get_queue)):
-    checks = {"broker": queue.ping(), "storage": storage.writable()}
+# /readyz needs no key: without a cache every call would fsync a file and open a broker
+# connection. Concurrent calls wait for the one check in flight and share its answer.
+READY_CACHE_S = 1.0
+_ready_lock = threading.Lock()
+_ready: dict[int, tuple[float, dict[str, bool]]] = {}  # id(app) -> (checked at, checks)
+
+
+def _checks(app, storage: LocalStorage, queue: TaskQueue) -> dict[str, bool]:
+    with _ready_lock:
+        at, checks = _ready.get(id(app), (float("-inf"), {}))
+        if time.monotonic() - at >= READY_CACHE_S:
+            checks = {"broker": queue.ping(), "storage": storage.writable()}
+            _ready[id(app)] = (time.monotonic(), checks)
+        return checks
+
+
+@router.get(
+    "/readyz", summary="Broker reachable and storage writable (checked at most once a second)"
+)
+def readyz(
+    request: Request,
+    storage: LocalStorage = Depends(get_storage),
+    queue: TaskQueue = Depends(get_queue),
+):
+    checks = _checks(request.app, storage, queue)
     ok = all(checks.values())
     return JSONResponse(
         {"status": "ok" if ok else "unavailable", "checks": checks, "kinds": available_kinds()},

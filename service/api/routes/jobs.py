@@ -212,7 +212,7 @@ async def create_job(
     except Exception as exc:
         log.exception("could not enqueue job %s", job_id)
         storage.remove_job_dir(job_id)
-        raise HTTPException(503, f"the job queue is unavailable: {exc}") from None
+        raise HTTPException(503, f"the job queue is unavailable ({type(exc).__name__})") from None
     return job
 
 

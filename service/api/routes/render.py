@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
@@ -31,6 +32,7 @@ from service.api.routes.path_jobs import path_job_view
 from service.auth import ApiKey
 from service.queue import RenderTimeout, TaskQueue
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["render"], dependencies=JOB_GUARDS)
 RENDER_ERRORS = {
     409: {"description": "the job is queued, failed or cancelled, or has no checkpoint yet"},
@@ -44,8 +46,9 @@ async def _run(queue: TaskQueue, job_id: str, body: dict, path: bool) -> Respons
         result = await queue.render(job_id, body, path=path)
     except RenderTimeout as exc:
         raise HTTPException(504, str(exc)) from None
-    except Exception as exc:  # a worker-side crash comes back as an exception
-        raise HTTPException(500, f"render failed: {type(exc).__name__}: {exc}") from None
+    except Exception:  # a worker-side crash comes back as an exception; its text stays in logs
+        log.exception("render of job %s failed on the worker", job_id)
+        raise HTTPException(500, "the render failed on the worker (its cause is logged)") from None
     if "error" in result:
         err = result["error"]
         raise HTTPException(int(err.get("status_code", 500)), err.get("detail", "render failed"))
