@@ -11,6 +11,7 @@ answer that changes between check and connect cannot point it at a private addre
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -61,22 +62,37 @@ def attempt(delivery: WebhookDelivery, secret: str | None, settings: Settings) -
     }
     # Connect to the address just checked; TLS still verifies the certificate for the name.
     extensions = {"sni_hostname": url.host} if url.scheme == "https" else {}
+    target = url.copy_with(host=ips[0])
     try:
-        with httpx.Client(
-            timeout=settings.webhook_timeout_s, follow_redirects=False, trust_env=False
-        ) as client:
-            with client.stream(
-                "POST",
-                url.copy_with(host=ips[0]),
-                content=body,
-                headers=headers,
-                extensions=extensions,
-            ) as r:
-                if 200 <= r.status_code < 300:
-                    return result(r.status_code)
-                return result(r.status_code, f"HTTP {r.status_code}")
+        code = asyncio.run(_post(target, body, headers, extensions, settings.webhook_timeout_s))
+    except TimeoutError:
+        return result(
+            error=f"no answer within {settings.webhook_timeout_s:g} s (WEBHOOK_TIMEOUT_S)"
+        )
     except httpx.HTTPError as exc:
         return result(error=f"{type(exc).__name__}: {exc}"[:300])
+    return result(code) if 200 <= code < 300 else result(code, f"HTTP {code}")
+
+
+async def _post(
+    url: httpx.URL, body: bytes, headers: dict, extensions: dict, limit_s: float
+) -> int:
+    """The receiver's status code. `limit_s` bounds the whole attempt (httpx's timeouts are per
+    read, so a receiver trickling its answer could otherwise hold a sender thread for good);
+    the answer's body is never read."""
+
+    async def post() -> int:
+        async with httpx.AsyncClient(
+            timeout=limit_s, follow_redirects=False, trust_env=False
+        ) as client:
+            req = client.build_request(
+                "POST", url, content=body, headers=headers, extensions=extensions
+            )
+            response = await client.send(req, stream=True)
+            await response.aclose()
+            return response.status_code
+
+    return await asyncio.wait_for(post(), limit_s)
 
 
 def send_job(storage: LocalStorage, job_id: str, settings: Settings) -> None:

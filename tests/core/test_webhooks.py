@@ -83,3 +83,41 @@ def test_a_finished_export_is_logged_once(tmp_path):
     assert d.event.type == "export.finished" and d.url == "https://example.com/nf"
     assert d.event.data["status"] == "succeeded" and d.event.data["id"] == export.id
     assert (webhooks.pending_dir(storage) / job_id).exists()
+
+
+def test_a_receiver_trickling_its_answer_is_cut_at_the_timeout(tmp_path):
+    """httpx's timeouts are per read: a header byte every 0.2 s would never trip a 1 s one."""
+    import socket
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
+        while not stop.wait(0.2):
+            try:
+                conn.sendall(b"X")
+            except OSError:
+                break
+        conn.close()
+
+    threading.Thread(target=trickle, daemon=True).start()
+    try:
+        storage = LocalStorage(tmp_path)
+        job_id, paths = storage.new_job_dir()
+        (paths.root / "owner").write_text("k-test")
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
+        webhooks.save_key_settings(storage, "k-test", url, webhooks.new_secret())
+        webhooks.record_event(storage, job_id, WebhookEventType.job_status, {"status": "queued"})
+        settings = Settings(data_dir=tmp_path, webhook_allow_private=True, webhook_timeout_s=1)
+        t0 = time.monotonic()
+        send_job(storage, job_id, settings)
+        assert time.monotonic() - t0 < 3
+        (d,) = webhooks.deliveries(paths)
+        assert d.status == "pending" and "WEBHOOK_TIMEOUT_S" in d.attempts[0].error
+    finally:
+        stop.set()
+        listener.close()
