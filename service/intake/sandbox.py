@@ -90,8 +90,14 @@ def _refusal(rc: int, stderr: str, settings: Settings) -> Exception:
             422,
             f"the upload could not be read: its inspection crashed ({signal.Signals(-rc).name})",
         )
-    log.error("intake child failed with exit status %s:\n%s", rc, stderr[-4000:])
+    log.error("intake child failed with exit status %s:\n%s", rc, stderr)
     return RuntimeError(f"the intake child failed with exit status {rc}")
+
+
+def _tail(path: Path, n: int = 4000) -> str:
+    with open(path, "rb") as fh:
+        fh.seek(max(0, path.stat().st_size - n))
+        return fh.read().decode(errors="replace")
 
 
 def run_intake(
@@ -111,21 +117,24 @@ def run_intake(
         parent_pid=os.getpid(),
     )
     out = src_path.parent / ".intake-result.json"
+    # FFmpeg and friends may log without end on a hostile file: to a file, never to our memory.
+    log_path = src_path.parent / ".intake-stderr"
     env = {**child_env(), "PYTHONPATH": str(REPO_ROOT)}
-    try:
-        r = subprocess.run(
-            [sys.executable, "-m", "service.intake.sandbox", str(out)],
-            input=request.model_dump_json(),
-            capture_output=True,
-            text=True,
-            timeout=settings.intake_timeout_s + 5,
-            env=env,
-            cwd=str(job_dir),
-        )
-    except subprocess.TimeoutExpired:
-        raise _refusal(-signal.SIGKILL, "", settings) from None
+    with open(log_path, "wb") as stderr:
+        try:
+            r = subprocess.run(
+                [sys.executable, "-m", "service.intake.sandbox", str(out)],
+                input=request.model_dump_json().encode(),
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                timeout=settings.intake_timeout_s + 5,
+                env=env,
+                cwd=str(job_dir),
+            )
+        except subprocess.TimeoutExpired:
+            raise _refusal(-signal.SIGKILL, "", settings) from None
     if r.returncode != 0 or not out.is_file():
-        raise _refusal(r.returncode, r.stderr, settings)
+        raise _refusal(r.returncode, _tail(log_path), settings)
     result = IntakeResult.model_validate_json(out.read_text())
     out.unlink()
     if result.status_code is not None:
