@@ -78,6 +78,11 @@ class ProgressReporter:
         self.last = progress
         self._last_write = now
 
+    def due(self, step: int, total_steps: int) -> bool:
+        """Whether `report(step, total_steps, ...)` would write now: a trainer on a GPU reads its
+        loss back (a host synchronisation) only then."""
+        return step >= total_steps or time.monotonic() - self._last_report >= self.interval_s
+
     def report(
         self,
         step: int,

@@ -87,7 +87,7 @@ def test_the_worker_runs_on_the_fake_device(cuda_stack):
 
 
 def test_image_job(cuda_stack, photo_png):
-    cfg = {"steps": 30, "hidden": 32, "layers": 2, "resolution": 16}
+    cfg = {"steps": 100, "hidden": 32, "layers": 2, "resolution": 16}
     r = cuda_stack.submit(photo_png, config=cfg)
     assert r.status_code == 202, r.text
     job = cuda_stack.wait_status(r.json()["id"], "succeeded", "failed", timeout=120)
@@ -96,6 +96,11 @@ def test_image_job(cuda_stack, photo_png):
     assert r.status_code == 200, r.text
     assert Image.open(io.BytesIO(r.content)).size == (20, 10)
     print_syncs(cuda_stack)
+    # The loss is read back when progress is written (every PROGRESS_INTERVAL_S), not every step.
+    line = re.search(
+        rf"fake CUDA: nf\.train {job['id']}: (\d+) syncs", cuda_stack.logs(tail=100_000)
+    )
+    assert line and int(line.group(1)) < 40, line.group(0)  # one a step before
 
 
 @pytest.fixture(scope="module")

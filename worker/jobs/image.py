@@ -195,8 +195,9 @@ def train(ctx) -> dict[str, Any]:
 
     def on_step(step, model, opt, loss):
         ctx.raise_if_cancelled()
-        mse = loss.item()
-        ctx.progress.report(step, steps, loss=mse, psnr=psnr_from_mse(mse))
+        if ctx.progress.due(step, steps):  # not every step: reading the loss waits for a GPU
+            mse = loss.item()
+            ctx.progress.report(step, steps, loss=mse, psnr=psnr_from_mse(mse))
         if ctx.checkpoints.due() and step < steps:
             ctx.checkpoints.save(step, *_with_meta(_pack(model, opt), meta_base))
 
