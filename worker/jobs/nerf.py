@@ -208,6 +208,7 @@ class NerfJob(SceneJob):
                 o,
                 d,
                 trainer.eval_background,
+                trainer.max_step,
             )
         mse = float(((rgb.clamp(0, 1).cpu() - target) ** 2).mean())
         spent = time.perf_counter() - t0
