@@ -12,7 +12,7 @@ from collections import Counter as Tally
 from celery.signals import before_task_publish
 from prometheus_client.core import GaugeMetricFamily
 
-from core import metrics
+from core import metrics, webhooks
 from core.celery_config import PREPROCESS_QUEUE, RENDER_QUEUE, TRAIN_QUEUE, broker_dirs
 from core.logs import HTTP_HEADER, REQUEST_ID, put_request_id, request_id_from
 from core.settings import Settings
@@ -80,7 +80,8 @@ class CountedBucket:
 
 
 class StateCollector:
-    """nf_jobs{kind,status} from the job store and nf_queue_depth{queue} from the broker."""
+    """nf_jobs{kind,status} from the job store, nf_queue_depth{queue} from the broker and
+    nf_webhook_jobs_pending from the webhook marks."""
 
     def __init__(self, store: JobStore, settings: Settings):
         self.store, self.settings = store, settings
@@ -89,7 +90,7 @@ class StateCollector:
     def collect(self):
         now = time.monotonic()
         if now - self._cached[0] > SCRAPE_CACHE_S:
-            self._cached = (now, [self._jobs(), self._queues()])
+            self._cached = (now, [self._jobs(), self._queues(), self._webhooks()])
         yield from self._cached[1]
 
     def _jobs(self) -> GaugeMetricFamily:
@@ -106,6 +107,15 @@ class StateCollector:
         for (kind, status), n in sorted(tally.items()):
             g.add_metric([kind, status], n)
         return g
+
+    def _webhooks(self) -> GaugeMetricFamily:
+        try:
+            n = len(os.listdir(webhooks.pending_dir(self.store.storage)))
+        except FileNotFoundError:
+            n = 0
+        return GaugeMetricFamily(
+            "nf_webhook_jobs_pending", "Jobs with webhook deliveries still to send", value=n
+        )
 
     def _queues(self) -> GaugeMetricFamily:
         g = GaugeMetricFamily(

@@ -86,6 +86,7 @@ def test_metrics_move_and_request_id_reaches_the_worker_log(stack_factory, tmp_p
     render = {"route": "/v1/jobs/{job_id}/render", "status": "200"}
     assert _get(after, "nf_render_seconds_count", **render) == 1
     assert ("nf_queue_depth", frozenset({("queue", "train")})) in after
+    assert after[("nf_webhook_jobs_pending", frozenset())] == 0  # no callbacks here
     beats = [v for (name, _), v in after.items() if name == "nf_worker_heartbeat_timestamp_seconds"]
     assert beats and time.time() - max(beats) < 30
     routes = {dict(labels).get("route") for (name, labels) in after if name.startswith("nf_http")}
