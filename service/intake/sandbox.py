@@ -15,6 +15,7 @@ The child writes the normal form into the job folder exactly as an in-process ca
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import resource
@@ -121,20 +122,26 @@ def run_intake(
     log_path = src_path.parent / ".intake-stderr"
     env = {**child_env(), "PYTHONPATH": str(REPO_ROOT)}
     with open(log_path, "wb") as stderr:
+        # Its own process group: a timeout also ends what it started (the COLMAP reader).
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.intake.sandbox", str(out)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=env,
+            cwd=str(job_dir),
+            start_new_session=True,
+        )
         try:
-            r = subprocess.run(
-                [sys.executable, "-m", "service.intake.sandbox", str(out)],
-                input=request.model_dump_json().encode(),
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                timeout=settings.intake_timeout_s + 5,
-                env=env,
-                cwd=str(job_dir),
-            )
-        except subprocess.TimeoutExpired:
-            raise _refusal(-signal.SIGKILL, "", settings) from None
-    if r.returncode != 0 or not out.is_file():
-        raise _refusal(r.returncode, _tail(log_path), settings)
+            proc.communicate(request.model_dump_json().encode(), settings.intake_timeout_s + 5)
+        except BaseException:  # the wall clock ran out, or this thread is being torn down
+            os.killpg(proc.pid, signal.SIGKILL)  # not reaped yet: the group is still ours
+            proc.wait()
+            if not isinstance(sys.exc_info()[1], subprocess.TimeoutExpired):
+                raise
+        rc = proc.returncode
+    if rc != 0 or not out.is_file():
+        raise _refusal(rc, _tail(log_path), settings)
     result = IntakeResult.model_validate_json(out.read_text())
     out.unlink()
     if result.status_code is not None:
@@ -154,7 +161,7 @@ def _child(out: Path) -> None:
     set_parent_death_signal(signal.SIGKILL, expected_parent=request.parent_pid)
     settings = Settings(**request.settings)
     _limit(resource.RLIMIT_AS, int(settings.intake_memory_mb) << 20)
-    _limit(resource.RLIMIT_CPU, int(settings.intake_timeout_s))
+    _limit(resource.RLIMIT_CPU, max(1, math.ceil(settings.intake_timeout_s)))
     _limit(
         resource.RLIMIT_FSIZE,
         max(int(settings.max_extracted_mb * 1024 * 1024), settings.max_upload_bytes) + (1 << 20),

@@ -46,7 +46,7 @@ def _upload(tmp_path: Path, data: bytes, name: str) -> tuple[Path, Path]:
 
 def webp(w: int, h: int) -> bytes:  # noqa: D103
     buf = io.BytesIO()
-    Image.new("RGB", (w, h), (90, 120, 200)).save(buf, "WEBP", quality=10)
+    Image.new("RGB", (w, h), (90, 120, 200)).save(buf, "WEBP", quality=10, method=0)
     return buf.getvalue()
 
 
@@ -138,3 +138,14 @@ def test_colmap_names_do_not_reveal_server_paths(tmp_path, blender, name):
     found = refused(tmp_path / "a", with_name(name), 422, "outside the upload")
     absent = refused(tmp_path / "b", with_name(missing), 422, "outside the upload")
     assert found.replace(name, "X") == absent.replace(missing, "X")
+
+
+def test_time_past_the_limit_is_a_422_naming_the_setting(tmp_path):
+    # WebP is decoded to be checked: ten 9 MP photos take seconds of CPU, past one second.
+    photo = webp(3000, 3000)
+    data = zip_bytes({f"p{i}.webp": photo for i in range(10)})
+    src, job = _upload(tmp_path, data, "scene.zip")
+    settings = Settings(data_dir=tmp_path, intake_timeout_s=0.2)
+    with pytest.raises(IntakeError) as ei:
+        run_intake("nerf", src, "scene.zip", {}, job, settings)
+    assert ei.value.status_code == 422 and "INTAKE_TIMEOUT_S" in ei.value.detail, ei.value.detail
