@@ -279,6 +279,35 @@ def test_splat_trains_densifies_renders_and_exports_on_cuda(tmp_path, blender):
         assert cloud[:3] == b"ply" and stats["points"] > 0
 
 
+@pytest.mark.parametrize(
+    "kind, options",
+    [
+        ("splat", {"strategy": "mcmc", "init": "random", "n_init_points": 200, "cap_max": 400}),
+        ("splat", {"appearance": True, "antialiased": True, "method": "naive"}),
+        ("nerf", {"error_map_share": 0.5, "train_background": "random"}),
+        ("nerf", {"mlp_precision": "bfloat16"}),
+    ],
+)
+def test_training_options_on_cuda(tmp_path, blender, kind, options):
+    from worker.nerf.trainer import NerfTrainer
+    from worker.splat.trainer import SplatTrainer
+
+    if kind == "nerf":
+        cfg, job = intake(tmp_path, blender, {**NERF, **options}, "nerf")
+    else:
+        files = {**to_colmap(blender), "sparse/0/points3D.txt": POINTS.encode()}
+        cfg, job = intake(tmp_path, files, {**SPLAT, **options}, "splat")
+    meta = read_meta(job / "dataset")
+    data = Dataset(job / "dataset", "train", meta)
+    with fake_cuda():
+        if kind == "nerf":
+            trainer = NerfTrainer(cfg, meta, CUDA, data)
+        else:
+            trainer = SplatTrainer(cfg, meta, CUDA, data, job / "dataset")
+        for _ in range(11):  # through one refinement (densify_every 10)
+            assert np.isfinite(trainer.train_step()["loss"])
+
+
 # -- image ----------------------------------------------------------------------------------
 def test_image_trains_and_renders_on_cuda():
     from worker.fake_cuda import counts
