@@ -194,3 +194,37 @@ def test_private_urls_are_refused_by_default(fs_stack, url, words):
     assert len(fs_stack.job_dirs()) == before  # nothing kept, nothing queued
     r = fs_stack.client.put("/v1/webhook", json={"url": url})
     assert r.status_code == 422 and words in r.json()["detail"], r.text
+
+
+def test_a_finished_export_is_posted(stack_factory, receiver):
+    """A tiny splat training (one sphere, 20 steps), then a Gaussians export: the receiver
+    gets `export.finished` after the job's `succeeded`, with the artifact's URL."""
+    import io
+    import zipfile
+
+    from experiments.synthetic_scene import Scene, Sphere, scene_files
+
+    stack = stack_factory(env=FAST)
+    rx = receiver()
+    secret = stack.client.put("/v1/webhook", json={"url": rx.url}).json()["secret"]
+    buf = io.BytesIO()
+    scene = Scene([Sphere((0.3, -0.2, 0.1), 0.6, ((0.9, 0.2, 0.15), (0.2, 0.3, 0.9)), (8, 4))])
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in scene_files(32, 16, 1, seed=3, scene=scene).items():
+            zf.writestr(name, data)
+    config = {"steps": 20, "n_init_points": 300, "densify_from": 100, "n_test_renders": 0}
+    r = stack.submit(buf.getvalue(), "scene.zip", "splat", config, "application/zip")
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    job = stack.wait_status(job_id, "succeeded", "failed", timeout=240)
+    assert job["status"] == "succeeded", job["error"]
+    r = stack.client.post(f"/v1/jobs/{job_id}/exports", json={"format": "gaussians"})
+    assert r.status_code == 202, r.text
+    got = rx.wait(4, timeout=120)
+    assert all(verify(secret, h[SIGNATURE_HEADER], b) for _, h, b in got)
+    events = [json.loads(b) for _, _, b in got]
+    assert [e["type"] for e in events] == ["job.status"] * 3 + ["export.finished"]
+    assert events[2]["data"]["status"] == "succeeded"
+    export = events[3]["data"]
+    assert export["id"] == r.json()["id"] and export["status"] == "succeeded"
+    assert stack.client.get(export["url"]).status_code == 200
