@@ -95,8 +95,9 @@ async def _post(
     return await asyncio.wait_for(post(), limit_s)
 
 
-def send_job(storage: LocalStorage, job_id: str, settings: Settings) -> None:
-    """Deliver what is due for one job, in order; stop at the first delivery that must wait."""
+def send_job(storage: LocalStorage, job_id: str, settings: Settings) -> float | None:
+    """Deliver what is due for one job, in order; stop at the first delivery that must wait.
+    Returns the seconds until that one is due (None: nothing left to wait for here)."""
     paths = storage.paths(job_id)
     marker = webhooks.pending_dir(storage) / job_id
     folder = webhooks.webhooks_dir(paths)
@@ -119,7 +120,7 @@ def send_job(storage: LocalStorage, job_id: str, settings: Settings) -> None:
             now = datetime.now(UTC)
             if delivery.next_attempt_at is not None and delivery.next_attempt_at > now:
                 webhooks.mark_pending(storage, job_id)
-                return
+                return (delivery.next_attempt_at - now).total_seconds()
             secret = webhooks.key_settings(storage, kid)["secret"] if kid else None
             result = attempt(delivery, secret, settings)
             metrics.WEBHOOK_ATTEMPTS.labels("delivered" if result.error is None else "failed").inc()
@@ -143,7 +144,8 @@ def send_job(storage: LocalStorage, job_id: str, settings: Settings) -> None:
             webhooks.write_record(path, delivery)
             if delivery.status == DeliveryStatus.pending:
                 webhooks.mark_pending(storage, job_id)
-                return
+                return retry_delay(settings, n)
+    return None
 
 
 class Sender:
@@ -151,16 +153,24 @@ class Sender:
         self.storage, self.settings = storage, settings
         self.pool = ThreadPoolExecutor(SENDERS, thread_name_prefix="nf-webhook")
         self.busy: set[str] = set()
+        # job -> monotonic time its next delivery is due: a job waiting out a backoff is not
+        # read again every round (the records stay the truth; this only saves the reads).
+        self.not_before: dict[str, float] = {}
         self.lock = threading.Lock()
 
     def _run(self, job_id: str) -> None:
+        wait = None
         try:
-            send_job(self.storage, job_id, self.settings)
+            wait = send_job(self.storage, job_id, self.settings)
         except Exception:
             log.exception("webhook delivery for job %s failed", job_id)
         finally:
             with self.lock:
                 self.busy.discard(job_id)
+                if wait:
+                    self.not_before[job_id] = time.monotonic() + wait
+                else:
+                    self.not_before.pop(job_id, None)
 
     def round(self) -> None:
         folder = webhooks.pending_dir(self.storage)
@@ -168,16 +178,20 @@ class Sender:
             names = os.listdir(folder)
         except FileNotFoundError:
             return
+        now = time.monotonic()
         for name in names:
             try:
                 job_id = parse_job_id(name)
             except ValueError:
                 continue
             with self.lock:
-                if job_id in self.busy:
+                if job_id in self.busy or self.not_before.get(job_id, 0.0) > now:
                     continue
                 self.busy.add(job_id)
             self.pool.submit(self._run, job_id)
+        with self.lock:  # jobs another worker finished, or that were deleted
+            for job_id in set(self.not_before) - set(names):
+                self.not_before.pop(job_id, None)
 
     def loop(self) -> None:
         while True:

@@ -208,7 +208,8 @@ def record_files(paths: JobPaths) -> list[Path]:
     folder = webhooks_dir(paths)
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir() if _RECORD.match(p.name))
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _RECORD.match(p.name))]
+    return [p for _, p in sorted(found)]
 
 
 def read_record(path: Path) -> WebhookDelivery:
