@@ -203,3 +203,20 @@ class LocalStorage(Storage):
 
 def get_storage(settings) -> LocalStorage:
     return LocalStorage(settings.data_dir)
+
+
+# An absolute path in an exception's text (FileNotFoundError and the like) shows clients the
+# server's layout: a job's own files are named relative to its folder, any other by its name.
+_ABS_PATH = re.compile(r"(?<![\w.:/~])/(?:[^\s'\":,()/]+/)+[^\s'\":,()/]*")
+_IN_JOB = re.compile(r"/jobs/[0-9a-fA-F-]{36}/(.+)")
+
+
+def without_paths(msg: str) -> str:
+    """`msg` with absolute paths replaced: `dataset/x.png` for a job's files, `.../x` else."""
+
+    def relative(m: re.Match) -> str:
+        path = m.group(0)
+        inside = _IN_JOB.search(path)
+        return inside.group(1) if inside else ".../" + path.rstrip("/").rsplit("/", 1)[-1]
+
+    return _ABS_PATH.sub(relative, msg)

@@ -19,7 +19,7 @@ from api_schemas.exports import (
     ExportStatus,
 )
 from core.exports import ExportNotFound, ExportStore
-from core.storage import atomic_write_bytes
+from core.storage import atomic_write_bytes, without_paths
 from core.store import JobNotFound, JobStore
 from worker.exports.common import ExportError
 
@@ -99,7 +99,7 @@ MAKERS: dict[str, Callable] = {"nerf": _nerf, "splat": _splat}
 def short_error(exc: BaseException) -> str:
     if isinstance(exc, ExportError):
         return str(exc)
-    msg = str(exc).strip()
+    msg = without_paths(str(exc).strip())  # job.error-like text reaches the client
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
