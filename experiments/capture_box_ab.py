@@ -57,9 +57,16 @@ def held_out(trainer, test: Dataset, meta: dict, root: Path) -> tuple[float, flo
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--box", type=int, default=8, help="aabb_scale of the large-box variants")
+    ap.add_argument(
+        "--box",
+        type=int,
+        default=None,
+        help="aabb_scale of the large-box variants (default: chosen)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--views", type=int, default=50)
+    ap.add_argument("--width", type=int, default=180)
+    ap.add_argument("--height", type=int, default=320)
     ap.add_argument(
         "--variants", default="unit,one-cascade,cascades", help="subset, comma-separated"
     )
@@ -70,7 +77,9 @@ def main(argv=None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="capture_ab_"))
     job = tmp / "job"
     (job / "upload").mkdir(parents=True)
-    (job / "upload" / "c.zip").write_bytes(zip_bytes(capture_files(a.views)["posed"]))
+    (job / "upload" / "c.zip").write_bytes(
+        zip_bytes(capture_files(a.views, a.width, a.height)["posed"])
+    )
     validate_upload(job / "upload" / "c.zip", "c.zip", {}, job, Settings(data_dir=tmp))
     root = job / "dataset"
     meta = read_meta(root)
@@ -78,11 +87,12 @@ def main(argv=None) -> None:
     print(
         f"dataset: box chosen {meta['aabb'][1][0]}, {len(data.frames)} train, {len(test.frames)} test"
     )
+    big = a.box or int(meta["aabb"][1][0])
     layout = trainer_mod.grid_layout
     variants = {
         "unit": (1, layout),
-        "one-cascade": (a.box, lambda half: (half, 1)),
-        "cascades": (a.box, layout),
+        "one-cascade": (big, lambda half: (half, 1)),
+        "cascades": (big, layout),
     }
     print(
         "| box | cascades | steps | s/step | samples/ray | unseen cells | test PSNR | test SSIM |"
