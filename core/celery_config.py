@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from api_schemas import tasks
 from core import fs_transport
 from core.settings import Settings
 
@@ -15,16 +16,17 @@ TRAIN_QUEUE = "train"
 RENDER_QUEUE = "render"
 # Structure from motion for uploads without poses: CPU work, kept off the (GPU) train workers.
 PREPROCESS_QUEUE = "preprocess"
-TASK_PREPROCESS = "nf.preprocess"
-TASK_TRAIN = "nf.train"
-TASK_RENDER = "nf.render"
-TASK_RENDER_PATH = "nf.render_path"
+# Task names and payloads: api_schemas/tasks.py.
+TASK_PREPROCESS = tasks.PreprocessTask.name
+TASK_TRAIN = tasks.TrainTask.name
+TASK_RENDER = tasks.RenderTask.name
+TASK_RENDER_PATH = tasks.RenderPathTask.name
 # Exports share the render workers: they already hold trained models, and a deployment needs no
 # new worker to offer them. The task publishes no result (state lives in <job>/exports/).
-TASK_EXPORT = "nf.export"
+TASK_EXPORT = tasks.ExportTask.name
 EXPORT_QUEUE = RENDER_QUEUE
-TASK_RENDER_PATH_JOB = "nf.render_path_job"  # a path rendered to an artifact (core/path_jobs.py)
-TASK_RENDER_FRAME_JOB = "nf.render_frame_job"  # one large frame, in tiles, to an artifact
+TASK_RENDER_PATH_JOB = tasks.RenderPathJobTask.name  # a path rendered to an artifact
+TASK_RENDER_FRAME_JOB = tasks.RenderFrameJobTask.name  # one large frame, in tiles, to an artifact
 
 
 def broker_dirs(settings: Settings) -> dict[str, Any]:
@@ -86,3 +88,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         }
         conf["result_backend"] = "file://" + str(d["results"])
     return conf
+
+
+def send(client, task: tasks.Task, queue: str, **options):
+    """Queue `task` by its name, its payload as keyword arguments (api_schemas/tasks.py); the
+    Celery `headers` (the request id) are added by core.logs.put_request_id as for any send."""
+    return client.send_task(task.name, kwargs=tasks.payload(task), queue=queue, **options)

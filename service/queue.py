@@ -15,20 +15,24 @@ from typing import Any
 
 from celery import Celery, states
 
+from api_schemas.render import PathRequest, RenderRequest
+from api_schemas.tasks import (
+    ExportTask,
+    PreprocessTask,
+    RenderFrameJobTask,
+    RenderPathJobTask,
+    RenderPathTask,
+    RenderTask,
+    TrainTask,
+)
 from core.celery_config import (
     EXPORT_QUEUE,
     PREPROCESS_QUEUE,
     RENDER_QUEUE,
-    TASK_EXPORT,
-    TASK_PREPROCESS,
-    TASK_RENDER,
-    TASK_RENDER_FRAME_JOB,
-    TASK_RENDER_PATH,
-    TASK_RENDER_PATH_JOB,
-    TASK_TRAIN,
     TRAIN_QUEUE,
     broker_dirs,
     celery_config,
+    send,
 )
 from core.settings import Settings, get_settings
 
@@ -144,21 +148,28 @@ class TaskQueue:
 
     def send_train(self, job_id: str) -> None:
         # task_id == job_id, so cancelling a queued job can revoke it without extra state.
-        self.client.send_task(
-            TASK_TRAIN, args=[job_id], queue=TRAIN_QUEUE, task_id=job_id, ignore_result=True
+        send(
+            self.client,
+            TrainTask(job_id=job_id),
+            TRAIN_QUEUE,
+            task_id=job_id,
+            ignore_result=True,
         )
 
     def send_export(self, job_id: str, export_id: str) -> None:
-        self.client.send_task(
-            TASK_EXPORT, args=[job_id, export_id], queue=EXPORT_QUEUE, ignore_result=True
+        send(
+            self.client,
+            ExportTask(job_id=job_id, export_id=export_id),
+            EXPORT_QUEUE,
+            ignore_result=True,
         )
 
     def send_preprocess(self, job_id: str) -> None:
         """Structure from motion first (CPU workers); that task sends the training on."""
-        self.client.send_task(
-            TASK_PREPROCESS,
-            args=[job_id],
-            queue=PREPROCESS_QUEUE,
+        send(
+            self.client,
+            PreprocessTask(job_id=job_id),
+            PREPROCESS_QUEUE,
             task_id=job_id,
             ignore_result=True,
         )
@@ -170,21 +181,13 @@ class TaskQueue:
         else:
             self.send_train(job.id)
 
-    def send_path_job(self, job_id: str, render_id: str, request: dict[str, Any]) -> None:
-        self.client.send_task(
-            TASK_RENDER_PATH_JOB,
-            args=[job_id, render_id, request],
-            queue=RENDER_QUEUE,
-            ignore_result=True,
-        )
+    def send_path_job(self, job_id: str, render_id: str, request: PathRequest) -> None:
+        task = RenderPathJobTask(job_id=job_id, render_id=render_id, request=request)
+        send(self.client, task, RENDER_QUEUE, ignore_result=True)
 
-    def send_frame_job(self, job_id: str, render_id: str, request: dict[str, Any]) -> None:
-        self.client.send_task(
-            TASK_RENDER_FRAME_JOB,
-            args=[job_id, render_id, request],
-            queue=RENDER_QUEUE,
-            ignore_result=True,
-        )
+    def send_frame_job(self, job_id: str, render_id: str, request: RenderRequest) -> None:
+        task = RenderFrameJobTask(job_id=job_id, render_id=render_id, request=request)
+        send(self.client, task, RENDER_QUEUE, ignore_result=True)
 
     def revoke(self, job_id: str) -> None:
         try:
@@ -192,23 +195,27 @@ class TaskQueue:
         except Exception:  # best effort: the worker also re-checks job.json before training
             pass
 
-    def send_render(self, job_id: str, request: dict[str, Any], path: bool = False):
+    def send_render(self, job_id: str, request: RenderRequest | PathRequest):
         """Queue a render that nobody will wait for past RENDER_TIMEOUT_S: it expires unstarted,
-        is killed at the time limit, and the worker drops a result finished after the deadline."""
+        is killed at the time limit, and the worker drops a result finished after the deadline.
+        A PathRequest is a path render (nf.render_path), a RenderRequest one frame."""
         timeout = self.settings.render_timeout_s
-        return self.client.send_task(
-            TASK_RENDER_PATH if path else TASK_RENDER,
-            args=[job_id, request],
-            queue=RENDER_QUEUE,
+        task = (
+            RenderPathTask(job_id=job_id, request=request)
+            if isinstance(request, PathRequest)
+            else RenderTask(job_id=job_id, request=request)
+        )
+        return send(
+            self.client,
+            task,
+            RENDER_QUEUE,
             expires=timeout,  # seconds from now
             soft_time_limit=timeout,
             time_limit=timeout + 5,
         )
 
-    async def render(
-        self, job_id: str, request: dict[str, Any], path: bool = False
-    ) -> dict[str, Any]:
-        res = await asyncio.to_thread(self.send_render, job_id, request, path)
+    async def render(self, job_id: str, request: RenderRequest | PathRequest) -> dict[str, Any]:
+        res = await asyncio.to_thread(self.send_render, job_id, request)
         # No revoke on timeout: the task's `expires` already stops an unstarted one, and its
         # time limit a started one, without a broadcast per abandoned render.
         meta = await self.waiter.wait(res.id, self.settings.render_timeout_s)

@@ -28,7 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from api_schemas.jobs import JobStatus
-from core.celery_config import TASK_TRAIN, TRAIN_QUEUE, broker_dirs
+from api_schemas.tasks import TrainTask
+from core.celery_config import TRAIN_QUEUE, broker_dirs, send
 from core.storage import JobPaths, atomic_write_json
 from core.store import JobNotFound, JobStore
 
@@ -215,9 +216,7 @@ def stranded_jobs(store: JobStore, settings) -> list[str]:
 def reap(app, store: JobStore, settings) -> list[str]:
     sent = stranded_jobs(store, settings)
     for job_id in sent:
-        app.send_task(
-            TASK_TRAIN, args=[job_id], queue=TRAIN_QUEUE, task_id=job_id, ignore_result=True
-        )
+        send(app, TrainTask(job_id=job_id), TRAIN_QUEUE, task_id=job_id, ignore_result=True)
     if sent:
         log.warning("reaper re-sent %d stranded training(s): %s", len(sent), ", ".join(sent))
     remove_stale_uploads(store, settings.stale_upload_s)

@@ -9,17 +9,19 @@ import logging
 import time
 from typing import Any
 
+from pydantic import ValidationError
+
+from api_schemas.tasks import RenderFrameJobTask
 from core import path_jobs
-from core.celery_config import TASK_RENDER_FRAME_JOB
 from core.storage import atomic_write_bytes
 from worker.app import app
 from worker.jobs import RenderError, kind_function
-from worker.tasks import PATH_JOB_REPORT_S, _checkpoint, _short_error, _store
+from worker.tasks import PATH_JOB_REPORT_S, _checkpoint, _invalid, _short_error, _store
 
 log = logging.getLogger(__name__)
 
 
-@app.task(name=TASK_RENDER_FRAME_JOB, ignore_result=True, acks_late=False)
+@app.task(name=RenderFrameJobTask.name, ignore_result=True, acks_late=False)
 def render_frame_job(job_id: str, render_id: str, request: dict[str, Any]) -> None:
     store = _store()
     try:
@@ -28,7 +30,15 @@ def render_frame_job(job_id: str, render_id: str, request: dict[str, Any]) -> No
     except (ValueError, FileNotFoundError):
         log.warning("nf.render_frame_job: %s/%s does not exist (deleted?)", job_id, render_id)
         return
-    name = path_jobs.artifact_name(render_id, request.get("format", "png"), "frame")
+    try:
+        task = RenderFrameJobTask.model_validate(
+            {"job_id": job_id, "render_id": render_id, "request": request}
+        )
+    except ValidationError as exc:
+        path_jobs.update(paths, render_id, status="failed", error=_invalid(exc)["error"]["detail"])
+        return
+    request = task.request
+    name = path_jobs.artifact_name(render_id, request.format, "frame")
     last = [0.0]
 
     def on_pixels(done: int, total: int) -> None:

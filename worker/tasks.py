@@ -20,17 +20,20 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
+from pydantic import ValidationError
 
 from api_schemas.jobs import JobStatus
-from core import metrics, path_jobs, webhooks
-from core.celery_config import (
-    PREPROCESS_QUEUE,
-    TASK_EXPORT,
-    TASK_PREPROCESS,
-    TASK_RENDER_PATH_JOB,
-    TASK_TRAIN,
-    TRAIN_QUEUE,
+from api_schemas.render import PathRequest, RenderRequest
+from api_schemas.tasks import (
+    ExportTask,
+    PreprocessTask,
+    RenderPathJobTask,
+    RenderPathTask,
+    RenderTask,
+    TrainTask,
 )
+from core import metrics, path_jobs, webhooks
+from core.celery_config import PREPROCESS_QUEUE, TRAIN_QUEUE, send
 from core.process import set_parent_death_signal
 from core.settings import get_settings
 from core.storage import get_storage
@@ -150,13 +153,14 @@ def _train_lock(paths, wait_s: float = 5.0) -> Iterator[bool]:
 
 
 @app.task(
-    name="nf.train",
+    name=TrainTask.name,
     ignore_result=True,
     acks_late=True,
     # The training budget ceiling: SoftTimeLimitExceeded is raised inside the trainer.
     soft_time_limit=get_settings().max_train_s,
 )
 def train(job_id: str) -> None:
+    job_id = TrainTask(job_id=job_id).job_id
     settings = get_settings()
     store = _store()
     try:
@@ -174,7 +178,7 @@ def train(job_id: str) -> None:
             )
             return
         if sfm_stage.needs_preprocess(paths):  # a re-sent orphan still waiting for its SfM
-            _send(TASK_PREPROCESS, PREPROCESS_QUEUE, job_id)
+            _send(PreprocessTask(job_id=job_id), PREPROCESS_QUEUE)
             return
         losses = open_delivery(paths)
         try:
@@ -192,15 +196,16 @@ def train(job_id: str) -> None:
             close_delivery(paths)
 
 
-def _send(task: str, queue: str, job_id: str) -> None:
+def _send(task: TrainTask | PreprocessTask, queue: str) -> None:
     # task id == job id: cancelling a queued job revokes whichever of its tasks is waiting.
-    app.send_task(task, args=[job_id], queue=queue, task_id=job_id, ignore_result=True)
+    send(app, task, queue, task_id=task.job_id, ignore_result=True)
 
 
-@app.task(name=TASK_PREPROCESS, ignore_result=True, acks_late=True)
+@app.task(name=PreprocessTask.name, ignore_result=True, acks_late=True)
 def preprocess(job_id: str) -> None:
     """Structure from motion on an upload without poses, then the job goes to the train queue.
     Holds the train lock, so a job is never preprocessed and trained at once."""
+    job_id = PreprocessTask(job_id=job_id).job_id
     settings = get_settings()
     store = _store()
     try:
@@ -248,7 +253,7 @@ def preprocess(job_id: str) -> None:
             store.update(job_id, merge)
         elif job.status.terminal:
             return
-    _send(TASK_TRAIN, TRAIN_QUEUE, job_id)
+    _send(TrainTask(job_id=job_id), TRAIN_QUEUE)
 
 
 def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
@@ -403,9 +408,7 @@ def requeue_orphans() -> list[str]:
         except (JobNotFound, ValueError, OSError):
             continue
         if orphan:
-            app.send_task(
-                TASK_TRAIN, args=[job_id], queue=TRAIN_QUEUE, task_id=job_id, ignore_result=True
-            )
+            _send(TrainTask(job_id=job_id), TRAIN_QUEUE)
             (sent if status == JobStatus.running else queued).append(job_id)
     if sent:
         log.warning("requeued %d orphaned training(s): %s", len(sent), ", ".join(sent))
@@ -456,7 +459,7 @@ def _checkpoint(job_id: str, paths) -> Checkpoint:
     return ckpt
 
 
-def _render(job_id: str, request: dict[str, Any], fn_name: str) -> dict[str, Any]:
+def _render(job_id: str, request: RenderRequest | PathRequest, fn_name: str) -> dict[str, Any]:
     store = _store()
     try:
         job = store.get(job_id)
@@ -518,32 +521,49 @@ def _unless_abandoned(task, result: dict[str, Any]) -> dict[str, Any] | None:
     return result
 
 
-@app.task(name="nf.render", acks_late=False, bind=True)
+def _invalid(exc: ValidationError) -> dict[str, Any]:
+    """A message that does not validate (sent by a newer or broken API): a 422 to its caller."""
+    errors = "; ".join(
+        f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
+    )
+    return {"error": {"status_code": 422, "detail": f"invalid render task: {errors}"}}
+
+
+@app.task(name=RenderTask.name, acks_late=False, bind=True)
 def render(self, job_id: str, request: dict[str, Any]) -> dict[str, Any] | None:
-    return _unless_abandoned(self, _render(job_id, request, "render"))
+    try:
+        task = RenderTask.model_validate({"job_id": job_id, "request": request})
+    except ValidationError as exc:
+        return _invalid(exc)
+    return _unless_abandoned(self, _render(task.job_id, task.request, "render"))
 
 
-@app.task(name="nf.render_path", acks_late=False, bind=True)
+@app.task(name=RenderPathTask.name, acks_late=False, bind=True)
 def render_path(self, job_id: str, request: dict[str, Any]) -> dict[str, Any] | None:
-    return _unless_abandoned(self, _render(job_id, request, "render_path"))
+    try:
+        task = RenderPathTask.model_validate({"job_id": job_id, "request": request})
+    except ValidationError as exc:
+        return _invalid(exc)
+    return _unless_abandoned(self, _render(task.job_id, task.request, "render_path"))
 
 
 # -- exports -------------------------------------------------------------------------------
-@app.task(name=TASK_EXPORT, ignore_result=True, acks_late=True)
+@app.task(name=ExportTask.name, ignore_result=True, acks_late=True)
 def export(job_id: str, export_id: str) -> None:
     # State lives in <job>/exports/<id>.json (worker/exports), so a redelivery after a crash
     # simply runs the export again.
     from worker.exports import execute
 
+    task = ExportTask(job_id=job_id, export_id=export_id)
     store = _store()
-    execute(store, job_id, export_id, _checkpoint)
-    webhooks.record_export(store.storage, job_id, export_id)
+    execute(store, task.job_id, task.export_id, _checkpoint)
+    webhooks.record_export(store.storage, task.job_id, task.export_id)
 
 
 PATH_JOB_REPORT_S = 0.5  # frames_done is rewritten at most this often
 
 
-@app.task(name=TASK_RENDER_PATH_JOB, ignore_result=True, acks_late=False)
+@app.task(name=RenderPathJobTask.name, ignore_result=True, acks_late=False)
 def render_path_job(job_id: str, render_id: str, request: dict[str, Any]) -> None:
     """A path rendered into the artifact path-<render_id>.<format>; progress and the outcome in
     the path job's state (core/path_jobs.py)."""
@@ -554,8 +574,15 @@ def render_path_job(job_id: str, render_id: str, request: dict[str, Any]) -> Non
     except (ValueError, FileNotFoundError):
         log.warning("nf.render_path_job: %s/%s does not exist (deleted?)", job_id, render_id)
         return
-    fmt = request.get("format", "mp4")
-    name = path_jobs.artifact_name(render_id, fmt)
+    try:
+        task = RenderPathJobTask.model_validate(
+            {"job_id": job_id, "render_id": render_id, "request": request}
+        )
+    except ValidationError as exc:
+        path_jobs.update(paths, render_id, status="failed", error=_invalid(exc)["error"]["detail"])
+        return
+    request = task.request
+    name = path_jobs.artifact_name(render_id, request.format)
     tmp = paths.artifacts / f".{name}.tmp"
     last = [0.0]
 

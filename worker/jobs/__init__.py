@@ -7,6 +7,7 @@ A kind module exposes (itself, or as methods of its `JOB` object):
   render(job, checkpoint, request) -> (bytes, content_type)
   render_path(job, checkpoint, request) -> (bytes, content_type)   optional
   render_path_to(job, checkpoint, request, out, on_frame) -> content_type   optional: path jobs
+`request` is the task's typed api_schemas.render.RenderRequest (render) or PathRequest (paths).
 Client mistakes inside render raise RenderError(status_code, detail).
 """
 

@@ -18,6 +18,7 @@ from PIL import Image, ImageOps
 from torch import nn
 
 import core.photos  # noqa: F401  (registers the HEIF reader: an uploaded photo may be HEIC)
+from api_schemas.render import RenderRequest
 from worker.jobs import RenderError, pick_device
 from worker.scene.metrics import psnr_from_mse
 
@@ -250,11 +251,12 @@ def _model_for(job, checkpoint, device) -> nn.Module:
     return model
 
 
-def render(job, checkpoint, request: dict[str, Any]) -> tuple[bytes, str]:
-    if request.get("camera") is not None:
+def render(job, checkpoint, request: RenderRequest | dict[str, Any]) -> tuple[bytes, str]:
+    request = RenderRequest.model_validate(request)  # the task's typed request, or a dict
+    if request.camera is not None:
         raise RenderError(422, "image jobs are 2D fields: give width and height, no camera")
-    fmt = request.get("format", "png")
+    fmt = request.format
     device = pick_device()
     model = _model_for(job, checkpoint, device)
-    pixels = _sample(model, int(request["width"]), int(request["height"]), device)
+    pixels = _sample(model, request.width, request.height, device)
     return _encode(pixels, fmt), "image/png" if fmt == "png" else "image/jpeg"

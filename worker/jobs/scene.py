@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from api_schemas.render import PathRequest, RenderRequest
 from core.storage import atomic_write_bytes
 from worker.budget import EvalPlan, TimeBudget, time_limit
 from worker.jobs import RenderError, pick_device
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 RESULTS_NAME = "results.json"
 TILE_PIXELS = 16_384  # a frame render job's band of rows: progress about this often
 RENDERS_ZIP = "test_renders.zip"
-PATH_FORMATS = ("webp", "gif", "zip", "mp4")
 
 
 class SceneModel:
@@ -66,8 +66,8 @@ class SceneModel:
         # nerfstudio camera paths may be in nerfstudio's frame, made from every dataset camera
         self.camera_meta["dataset_dir"] = str(Path(checkpoint.path).parent.parent / "dataset")
 
-    def background(self, request: dict[str, Any]) -> torch.Tensor:
-        spec = request.get("background")
+    def background(self, request: RenderRequest | PathRequest) -> torch.Tensor:
+        spec = request.background
         rgb = background_rgb(spec if spec is not None else self.config.get("background"))
         return torch.tensor(rgb, device=self.device)
 
@@ -275,17 +275,20 @@ class SceneJob:
         checkpoint.cache[self.kind] = model
         return model, False
 
-    def _frame(self, model, cam: RenderCamera, request: dict[str, Any]):
-        output = request.get("output", "rgb")
-        rgb, depth, alpha = self.render_view(model, cam, model.background(request), output)
+    def _frame(self, model, cam: RenderCamera, request: RenderRequest | PathRequest):
+        rgb, depth, alpha = self.render_view(model, cam, model.background(request), request.output)
         return rgb, world_distance(depth, model.normalization), alpha
 
-    def render(self, job, checkpoint, request: dict[str, Any], on_pixels=None) -> tuple[bytes, str]:
+    def render(
+        self, job, checkpoint, request: RenderRequest | dict[str, Any], on_pixels=None
+    ) -> tuple[bytes, str]:
         """One frame, encoded. With `on_pixels(done, total)` (a frame render job) it renders in
         bands of rows of about TILE_PIXELS and reports after each; the frame is the same."""
-        request = {**request, "camera": clean_camera(request.get("camera"), "camera")}
+        request = RenderRequest.model_validate(request)  # the task's typed request, or a dict
+        wire = request.model_dump(mode="json", exclude_none=True)
+        wire["camera"] = clean_camera(wire.get("camera"), "camera")
         model, hit = self.model_for(checkpoint)
-        cam = resolve_request_camera(request, model.camera_meta)
+        cam = resolve_request_camera(wire, model.camera_meta)
         text = {
             "nf-model-cache": "hit" if hit else "miss",
             "nf-checkpoint-step": str(checkpoint.step),
@@ -300,27 +303,18 @@ class SceneJob:
                 bands.append(self._frame(model, replace(cam, cy=cam.cy - y0, height=h), request))
                 on_pixels((y0 + h) * cam.width, cam.width * cam.height)
             rgb, depth, alpha = (np.concatenate(parts) for parts in zip(*bands))
-        return encode_output(
-            rgb, depth, alpha, request.get("output", "rgb"), request.get("format", "png"), text
-        )
+        return encode_output(rgb, depth, alpha, request.output, request.format, text)
 
-    def render_frame_to(self, job, checkpoint, request: dict[str, Any], on_pixels):
+    def render_frame_to(self, job, checkpoint, request: RenderRequest, on_pixels):
         """A frame render job's frame: render() in bands, `on_pixels(done, total)` after each."""
         return self.render(job, checkpoint, request, on_pixels)
 
-    def path_frames(self, checkpoint, request: dict[str, Any], budget: bool = True):
+    def path_frames(self, checkpoint, request: PathRequest, budget: bool = True):
         """(frame count, iterator of uint8 frames) of a PathRequest; RenderError for bad paths."""
-        fmt = request.get("format", "webp")
-        if fmt not in PATH_FORMATS:
-            raise RenderError(
-                422, f"format {fmt!r} is not available here; use {', '.join(PATH_FORMATS)}"
-            )
-        if request.get("poses") is not None:
-            request = {
-                **request,
-                "poses": [clean_camera(c, f"poses[{i}]") for i, c in enumerate(request["poses"])],
-            }
-        width, height, n = path_length(request)
+        wire = request.model_dump(mode="json", exclude_none=True)
+        if request.poses is not None:
+            wire["poses"] = [clean_camera(c, f"poses[{i}]") for i, c in enumerate(wire["poses"])]
+        width, height, n = path_length(wire)
         if budget:
             from core.settings import get_settings
 
@@ -333,8 +327,8 @@ class SceneJob:
                     "frames, or render it as a path job",
                 )
         model, _ = self.model_for(checkpoint)
-        cams = path_cameras(request, model.camera_meta)
-        output = request.get("output", "rgb")
+        cams = path_cameras(wire, model.camera_meta)
+        output = request.output
 
         def frames():
             for cam in cams:
@@ -342,15 +336,20 @@ class SceneJob:
 
         return len(cams), frames()
 
-    def render_path(self, job, checkpoint, request: dict[str, Any]) -> tuple[bytes, str]:
-        fmt = request.get("format", "webp")
+    def render_path(
+        self, job, checkpoint, request: PathRequest | dict[str, Any]
+    ) -> tuple[bytes, str]:
+        request = PathRequest.model_validate(request)  # the task's typed request, or a dict
         _, frames = self.path_frames(checkpoint, request)
-        return encode_frames(frames, fmt, path_fps(request)), CONTENT_TYPES[fmt]
+        fmt = request.format
+        return encode_frames(frames, fmt, request.frames_per_second), CONTENT_TYPES[fmt]
 
-    def render_path_to(self, job, checkpoint, request: dict[str, Any], out, on_frame) -> str:
+    def render_path_to(
+        self, job, checkpoint, request: PathRequest | dict[str, Any], out, on_frame
+    ) -> str:
         """A path job: frames written to the file `out` as they render (MP4 and zip hold one
         frame at a time), `on_frame(done, total)` after each; returns the content type."""
-        fmt = request.get("format", "mp4")
+        request = PathRequest.model_validate(request)  # the task's typed request, or a dict
         n, frames = self.path_frames(checkpoint, request, budget=False)
 
         def counted():
@@ -358,10 +357,5 @@ class SceneJob:
                 yield frame
                 on_frame(i + 1, n)
 
-        encode_frames(counted(), fmt, path_fps(request), out=out)
-        return CONTENT_TYPES[fmt]
-
-
-def path_fps(request: dict[str, Any]) -> int:
-    """The API fills `fps` (api_schemas.render.PathRequest.frames_per_second); 24 without it."""
-    return int(request.get("fps") or 24)
+        encode_frames(counted(), request.format, request.frames_per_second, out=out)
+        return CONTENT_TYPES[request.format]

@@ -41,9 +41,9 @@ RENDER_ERRORS = {
 }
 
 
-async def _run(queue: TaskQueue, job_id: str, body: dict, path: bool) -> Response:
+async def _run(queue: TaskQueue, job_id: str, req: RenderRequest | PathRequest) -> Response:
     try:
-        result = await queue.render(job_id, body, path=path)
+        result = await queue.render(job_id, req)
     except RenderTimeout as exc:
         raise HTTPException(504, str(exc)) from None
     except Exception:  # a worker-side crash comes back as an exception; its text stays in logs
@@ -162,17 +162,16 @@ async def render(
     # Charged before the status check: a render of an unfinished job costs like any other.
     await charge_pixels(request, key, req.width * req.height)
     job = _check(store, job_id)
-    body = req.model_dump(mode="json", exclude_none=True, exclude={"mode"})
     if frame_as_job(settings, job, req):
         paths = storage.paths(job.id)
         render_id = path_jobs.new_id()
         state = path_jobs.create(
             paths, render_id, job.id, req.format, 1, kind="frame", n_pixels=req.width * req.height
         )
-        await asyncio.to_thread(queue.send_frame_job, job.id, render_id, body)
+        await asyncio.to_thread(queue.send_frame_job, job.id, render_id, req)
         view = path_job_view(state)
         return JSONResponse(view.model_dump(), status_code=202, headers={"Location": view.url})
-    return await _run(queue, job.id, body, path=False)
+    return await _run(queue, job.id, req)
 
 
 @router.post(
@@ -205,16 +204,17 @@ async def render_path(
     _caps(settings, req.width, req.height, req.frames)
     await charge_pixels(request, key, req.frames * req.width * req.height)
     job = _check(store, job_id)
-    body = {**req.model_dump(mode="json", exclude_none=True), "fps": req.frames_per_second}
+    # fps stated in the message, for workers that read it rather than frames_per_second
+    req = req.model_copy(update={"fps": req.frames_per_second})
     pixels = req.frames * req.width * req.height
     if req.mode == "job" or (req.mode is None and pixels > settings.path_wait_pixels):
         paths = storage.paths(job.id)
         render_id = path_jobs.new_id()
         state = path_jobs.create(paths, render_id, job.id, req.format, req.frames)
-        await asyncio.to_thread(queue.send_path_job, job.id, render_id, body)
+        await asyncio.to_thread(queue.send_path_job, job.id, render_id, req)
         view = path_job_view(state)
         return JSONResponse(view.model_dump(), status_code=202, headers={"Location": view.url})
-    return await _run(queue, job.id, body, path=True)
+    return await _run(queue, job.id, req)
 
 
 # The first name this route had; kept so early clients keep working.
