@@ -491,7 +491,9 @@ def test_time_budget_bounds_the_job_evaluation_included(fs_stack, trained, scene
     # the ETA reported meanwhile never promises more than the budget holds.
     from worker.budget import allowance
 
-    limit = 12.0
+    # 20 s: the evaluation and the first curve point cost about a second however short the
+    # budget; in 12 s that left the 80 % for training within a second of the jitter of a busy CPU.
+    limit = 20.0
     config = {**CONFIG, "steps": 100_000, "time_limit_s": limit, "occupancy_warmup_steps": 32}
     r = fs_stack.submit(
         scene["zip"], "scene.zip", kind="nerf", config=config, content_type="application/zip"
