@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
 from core.photos import COLMAP_FORMATS, save_copy
 from core.scene_format import CAMERAS_FILE, MIN_TRAIN_VIEWS, SceneError
@@ -35,6 +35,7 @@ TRANSFORMS_ARTIFACT = "transforms.json"
 VIDEO_END_PCT = 15  # share of the stage's progress spent decoding a video
 COPIES_END_PCT = 10  # share spent writing JPEG copies of photos COLMAP cannot read
 UNREGISTERED_LISTED = 20
+EXIF_ORIENTATION = 0x0112  # 1: stored upright; 2-8: turned and/or mirrored
 # A capture whose SfM took its worker process down this many times (COLMAP aborts on some
 # inputs, the OOM killer on others) fails instead of being redelivered for ever.
 ATTEMPTS_FILE, MAX_ATTEMPTS = ".sfm_attempts", 3
@@ -80,15 +81,18 @@ def _image_size(path: Path) -> tuple[int, int]:
 def colmap_readable(
     image_dir: Path, files: list[str], out_dir: Path, progress, cancelled
 ) -> tuple[Path, list[str]]:
-    """The capture's photos as files COLMAP reads (core.photos.COLMAP_FORMATS): a photo in another
-    format (WebP, HEIF, AVIF) is decoded into a JPEG or PNG copy under `out_dir`, the rest are
-    linked there. Returns the folder and file names to give SfM (`image_dir`, `files` themselves
-    when every photo is readable). HEIF photos come out upright (core.photos), so a phone's portrait
-    shots reconstruct as they look."""
+    """The capture's photos as files COLMAP reads (core.photos.COLMAP_FORMATS), upright: a photo in
+    another format (WebP, HEIF, AVIF), or one whose EXIF orientation says it is stored turned or
+    mirrored (phones hold portrait shots so), is decoded into an upright JPEG or PNG copy under
+    `out_dir`; the rest are linked there. COLMAP reads pixels as stored, so a turned photo would
+    otherwise reconstruct (and train) on its side. Returns the folder and file names to give SfM
+    (`image_dir`, `files` themselves when every photo is readable and upright). HEIF photos come
+    out upright (core.photos)."""
     formats = []
     for f in files:
         with Image.open(image_dir / f) as im:
-            formats.append(im.format)
+            turned = im.getexif().get(EXIF_ORIENTATION, 1) not in (1, None)
+            formats.append(None if turned else im.format)
     todo = sum(fmt not in COLMAP_FORMATS for fmt in formats)
     if not todo:
         return image_dir, files
@@ -106,7 +110,9 @@ def colmap_readable(
             out.append(f)
             continue
         with Image.open(src) as im:
-            out.append(save_copy(im, fmt, out_dir / Path(f).stem).name)
+            fmt = im.format
+            upright = ImageOps.exif_transpose(im)  # also drops the orientation tag
+            out.append(save_copy(upright, fmt, out_dir / Path(f).stem).name)
         done += 1
         progress(done, todo)
     return out_dir, out
