@@ -136,7 +136,14 @@ class NerfConfig(TrainingImages):
     )
 
     # Occupancy grid and ray marching
-    occupancy_resolution: int = Field(128, ge=16, le=512)
+    occupancy_resolution: int | None = Field(
+        None,
+        ge=16,
+        le=512,
+        description="cells per side of each occupancy cascade (a power of two); null: 128, or 64 "
+        "on a CPU when the scene box is larger than the unit cube (several cascades, whose "
+        "updates would otherwise cost a quarter of a CPU step)",
+    )
     occupancy_update_every: int = Field(16, ge=1, le=10_000)
     occupancy_warmup_steps: int = Field(256, ge=0)
     occupancy_threshold: float = Field(0.01, gt=0)

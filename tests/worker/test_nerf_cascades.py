@@ -14,7 +14,7 @@ from kernels import OccupancyGrid, march_rays
 from worker.checkpoints import CheckpointManager
 from worker.nerf.model import NerfField
 from worker.nerf.rendering import render_rays
-from worker.nerf.trainer import NerfTrainer, grid_layout, max_march_step
+from worker.nerf.trainer import NerfTrainer, grid_layout, max_march_step, occupancy_resolution
 
 CONFIG = dict(
     steps=4,
@@ -47,6 +47,11 @@ def test_grid_layout_is_instant_ngps_cascades():
     assert grid_layout(4.0) == (1.0, 3)  # log2(aabb_scale) + 1
     assert grid_layout(128.0) == (1.0, 8)
     assert grid_layout(3.0) == (0.75, 3)  # the outer cascade is the scene box exactly
+    # cells per cascade: 128, halved on a CPU with cascades; a config's own value wins
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert occupancy_resolution({}, 1, cpu) == 128 and occupancy_resolution({}, 3, cpu) == 64
+    assert occupancy_resolution({}, 3, cuda) == 128
+    assert occupancy_resolution({"occupancy_resolution": 128}, 3, cpu) == 128
     assert max_march_step(1.0, 128, 1) == 1e10
     assert max_march_step(4.0, 128, 3) == pytest.approx(math.sqrt(3) * 8 / 128)
 

@@ -79,6 +79,15 @@ def grid_layout(half: float) -> tuple[float, int]:
     return half / 2.0 ** (n - 1), n
 
 
+def occupancy_resolution(config: dict[str, Any], n_cascades: int, device: torch.device) -> int:
+    """The config's cells per cascade side, or 128 (instant-ngp's), halved on a CPU when there
+    are cascades: each update evaluates the field at a quarter to all of every cascade's cells,
+    and three cascades of 128^3 made the updates a quarter of a CPU step (docs/nerf.md)."""
+    if config.get("occupancy_resolution") is not None:
+        return int(config["occupancy_resolution"])
+    return 64 if n_cascades > 1 and device.type == "cpu" else 128
+
+
 def max_march_step(half: float, resolution: int, n_cascades: int) -> float:
     """Largest march step with a cone angle: the diagonal of a cell of the outermost cascade
     (instant-ngp's MAX_CONE_STEPSIZE), so steps that grow with distance never jump a cell of the
@@ -119,18 +128,19 @@ class NerfTrainer:
         self.budget_used_s = 0.0
         self.backend = config.get("backend", "ext")
         grid_half, n_cascades = grid_layout(self.half)
+        self.config["occupancy_resolution"] = occupancy_resolution(config, n_cascades, self.device)
         # Same lattice for training and rendering: the diagonal of cascade 0 (the whole box with
         # one cascade) / max_samples_per_ray; with cascades the cone angle lengthens steps with
         # distance, up to `max_step`.
         self.step_size = 2 * math.sqrt(3) * grid_half / config["max_samples_per_ray"]
-        self.max_step = max_march_step(self.half, config["occupancy_resolution"], n_cascades)
+        self.max_step = max_march_step(self.half, self.config["occupancy_resolution"], n_cascades)
         torch.manual_seed(config.get("seed", 0))
         self.field = NerfField(self.config, self.half, self.backend).to(self.device)
         # Grid densities are optical thickness per render step, so the threshold means
         # "at least this alpha over one step" whatever the step size.
         self.grid = OccupancyGrid(
             [-grid_half] * 3 + [grid_half] * 3,
-            resolution=config["occupancy_resolution"],
+            resolution=self.config["occupancy_resolution"],
             n_cascades=n_cascades,
             step_size=self.step_size,
             backend=self.backend,
