@@ -13,6 +13,10 @@ from pydantic import ConfigDict, Field
 
 from api_schemas.nerf import TIME_LIMIT_HELP, Background, TrainingImages
 
+# densification thresholds on the mean view-space (NDC) gradient: 3DGS's, and gsplat's with absgrad
+GRAD_THRESHOLD = 2e-4
+ABSGRAD_THRESHOLD = 8e-4
+
 
 class SplatConfig(TrainingImages):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -47,8 +51,16 @@ class SplatConfig(TrainingImages):
     densify_from: int = Field(100, ge=0)
     densify_until: float = Field(0.5, gt=0, le=1.0, description="fraction of `steps`")
     densify_every: int = Field(100, ge=1)
-    densify_grad_threshold: float = Field(
-        2e-4, gt=0, description="mean view-space (NDC) gradient norm"
+    densify_grad_threshold: float | None = Field(
+        None,
+        gt=0,
+        description="mean view-space (NDC) gradient norm that densifies; null: "
+        f"{GRAD_THRESHOLD:g}, or {ABSGRAD_THRESHOLD:g} with absgrad (gsplat's grow_grad2d)",
+    )
+    absgrad: bool = Field(
+        False,
+        description="densify on each pixel's |gradient| summed (gsplat's absgrad) instead of the "
+        "summed gradient, so pixels pulling a Gaussian opposite ways do not cancel",
     )
     percent_dense: float = Field(
         0.01, gt=0, le=1.0, description="clone below / split above this scene fraction"

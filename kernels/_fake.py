@@ -13,7 +13,7 @@ import torch
 
 _registered: set[str] = set()
 
-SPLAT_GRADS = 9  # per splat: du dv dA dB dC dr dg db do (csrc/splat.h)
+SPLAT_GRADS = 11  # per splat: du dv dA dB dC dr dg db do |du| |dv| (csrc/splat.h)
 
 
 def _occ_bytes_per_cascade(cells: int) -> int:

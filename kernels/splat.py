@@ -171,7 +171,18 @@ def rasterize_reference(
 class _RasterizeFn(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, means2d, conics, colors, opacities, height, width, method, tile_offsets, tile_ids, prm
+        ctx,
+        means2d,
+        conics,
+        colors,
+        opacities,
+        height,
+        width,
+        method,
+        tile_offsets,
+        tile_ids,
+        prm,
+        abs_sink,
     ):
         mod = _ext.for_tensor(means2d, _ext.SPLAT)
         if method == "naive":
@@ -184,6 +195,7 @@ class _RasterizeFn(torch.autograd.Function):
             )
         ctx.save_for_backward(means2d, conics, colors, opacities, tile_offsets, tile_ids, trans, n)
         ctx.args = (height, width, method, prm)
+        ctx.abs_sink = abs_sink
         return rgb, trans
 
     @staticmethod
@@ -221,7 +233,75 @@ class _RasterizeFn(torch.autograd.Function):
                 g_rgb,
                 g_trans,
             )
-        return g[:, 0:2], g[:, 2:5], g[:, 5:8], g[:, 8], None, None, None, None, None, None
+        if ctx.abs_sink is not None:
+            _stash_absgrad(ctx.abs_sink, g[:, 9:11])
+        return g[:, 0:2], g[:, 2:5], g[:, 5:8], g[:, 8], None, None, None, None, None, None, None
+
+
+def _stash_absgrad(sink, abs_sorted):
+    # gsplat's `means2d.absgrad`: set on the caller's tensor, in the caller's order
+    target, order = sink
+    if order is None:
+        target.absgrad = abs_sorted.detach().clone()
+    else:
+        absgrad = torch.zeros_like(abs_sorted)
+        absgrad[order] = abs_sorted
+        target.absgrad = absgrad
+
+
+def absgrad_reference(
+    means2d,
+    conics,
+    colors,
+    opacities,
+    height,
+    width,
+    grad_rgb,
+    grad_trans,
+    alpha_min=ALPHA_MIN,
+    alpha_max=ALPHA_MAX,
+    stop_T=STOP_T,
+):
+    """Per-splat sum over pixels of |dL/dmean2d|, pure torch (the compiled methods' `absgrad`).
+
+    Every pixel gets its own copy of the means, so autograd gives each pixel's contribution
+    separately; costs H*W*N*2 memory, so small images only (tests).
+
+    Args:
+        means2d, conics, colors, opacities: as `rasterize_reference`, sorted near to far.
+        height, width: image size H, W.
+        grad_rgb: (H, W, 3) dL/drgb; grad_trans: (H, W) dL/dT.
+
+    Returns:
+        (N, 2): sum over pixels of |dL_p/du|, |dL_p/dv|.
+    """
+    dev, dt = means2d.device, means2d.dtype
+    n = means2d.shape[0]
+    ys, xs = torch.meshgrid(
+        torch.arange(height, device=dev, dtype=dt),
+        torch.arange(width, device=dev, dtype=dt),
+        indexing="ij",
+    )
+    px, py = xs.reshape(-1) + 0.5, ys.reshape(-1) + 0.5
+    per_pixel = means2d.detach()[None].expand(px.numel(), n, 2).clone().requires_grad_(True)
+    with torch.enable_grad():
+        dx = px[:, None] - per_pixel[..., 0]
+        dy = py[:, None] - per_pixel[..., 1]
+        a, b, c = conics.detach().unbind(-1)
+        power = -0.5 * (a * dx * dx + c * dy * dy) - b * dx * dy
+        raw = opacities.detach() * torch.exp(power)
+        alpha = torch.where(
+            (power <= 0) & (raw >= alpha_min), raw.clamp(max=alpha_max), torch.zeros_like(raw)
+        )
+        one_m = 1.0 - alpha
+        trans = torch.cumprod(one_m, dim=1)
+        before = torch.cat([torch.ones_like(trans[:, :1]), trans[:, :-1]], dim=1)
+        alive = before >= stop_T
+        rgb = (alpha * before * alive) @ colors.detach()
+        final_T = torch.where(alive, one_m, torch.ones_like(one_m)).prod(dim=1)
+        loss = (rgb * grad_rgb.reshape(-1, 3)).sum() + (final_T * grad_trans.reshape(-1)).sum()
+        (g,) = torch.autograd.grad(loss, per_pixel)
+    return g.abs().sum(0)
 
 
 def rasterize(
@@ -240,6 +320,9 @@ def rasterize(
     stop_T: float = STOP_T,
 ):
     """Composite 2D splats front to back; differentiable w.r.t. means2d, conics, colors, opacities.
+
+    The compiled methods' backward also sets `means2d.absgrad` (N, 2): the sum over pixels of
+    each pixel's |dL/du|, |dL/dv| (gsplat's absgrad, for densification), replaced on every backward.
 
     Args:
         means2d: (N, 2) centres in pixels (pixel (x, y) has its centre at (x + 0.5, y + 0.5)).
@@ -280,6 +363,7 @@ def rasterize(
             f"{tuple(means2d.shape)}, {tuple(conics.shape)}, {tuple(colors.shape)}, "
             f"{tuple(opacities.shape)}"
         )
+    caller_means, order = means2d, None
     if depths is not None:
         order = torch.argsort(depths.detach())
         means2d, conics, colors, opacities = (
@@ -314,6 +398,7 @@ def rasterize(
             offsets,
             ids,
             prm,
+            (caller_means, order) if caller_means.requires_grad else None,
         )
     if background is not None:
         bg = torch.as_tensor(background, dtype=rgb.dtype, device=rgb.device)
@@ -329,6 +414,7 @@ def n_tile_pairs(means2d, conics, opacities, height, width) -> int:
 __all__ = [
     "rasterize",
     "rasterize_reference",
+    "absgrad_reference",
     "tile_bins",
     "ALPHA_MIN",
     "ALPHA_MAX",

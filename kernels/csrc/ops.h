@@ -72,7 +72,7 @@ inline void define_splat(torch::Library& m) {
     // -> rgb (H, W, 3), final transmittance (H, W), n_contrib (H, W) int32.
     m.def("naive_forward(Tensor means2d, Tensor conics, Tensor colors, Tensor opacities, int H, int W, "
           "float alpha_min, float alpha_max, float stop_T) -> (Tensor, Tensor, Tensor)");
-    // -> grads (N, 9): du dv dA dB dC dr dg db do per splat.
+    // -> grads (N, 11): du dv dA dB dC dr dg db do per splat, then |du| |dv| summed over pixels.
     m.def("naive_backward(Tensor means2d, Tensor conics, Tensor colors, Tensor opacities, int H, int W, "
           "float alpha_min, float alpha_max, float stop_T, Tensor final_T, Tensor n_contrib, Tensor grad_rgb, "
           "Tensor grad_T) -> Tensor");

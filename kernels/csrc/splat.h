@@ -14,7 +14,9 @@ namespace kn {
 
 constexpr int SPLAT_TILE = 16;                     // tiles are SPLAT_TILE x SPLAT_TILE pixels
 constexpr int SPLAT_BATCH = SPLAT_TILE * SPLAT_TILE;  // splats staged per batch (one per thread)
-constexpr int SPLAT_GRADS = 9;                     // du dv dA dB dC dr dg db do, packed per splat
+// du dv dA dB dC dr dg db do |du| |dv|, packed per splat; the last two sum each pixel's |dL/du|,
+// |dL/dv| (gsplat's absgrad: densification on them does not cancel opposite pixels' pulls)
+constexpr int SPLAT_GRADS = 11;
 
 template <typename T>
 struct SplatParams {
@@ -130,13 +132,15 @@ KN_HD bool pixel_bwd_step(PixelBwd<T>& p, const SplatRec<T>& s, T px, T py, cons
     p.acc_g = alpha * s.g + one_m * p.acc_g;
     p.acc_b = alpha * s.b + one_m * p.acc_b;
     if (clamped) {  // min(., alpha_max) passes no gradient once it clamps
-        out[0] = out[1] = out[2] = out[3] = out[4] = out[8] = T(0);
+        out[0] = out[1] = out[2] = out[3] = out[4] = out[8] = out[9] = out[10] = T(0);
         return true;
     }
     out[8] = g_alpha * gauss;
     const T g_power = g_alpha * alpha;
     out[0] = g_power * (s.A * dx + s.B * dy);  // d power / d u = -d power / d dx
     out[1] = g_power * (s.C * dy + s.B * dx);
+    out[9] = out[0] < T(0) ? -out[0] : out[0];
+    out[10] = out[1] < T(0) ? -out[1] : out[1];
     out[2] = g_power * T(-0.5) * dx * dx;
     out[3] = g_power * -(dx * dy);
     out[4] = g_power * T(-0.5) * dy * dy;

@@ -56,6 +56,29 @@ def test_matches_reference(splat_ext, method, dtype, fwd_tol, grad_rtol, size):
         assert err < grad_rtol, f"{name}: relative error {err:.3g}"
 
 
+@pytest.mark.parametrize("method", ["naive", "tiled"])
+def test_absgrad_matches_reference(splat_ext, method):
+    # means2d.absgrad sums each pixel's |dL/dmean2d| (gsplat's absgrad), in the caller's order
+    # although the splats are composited in depth order.
+    h, w = 21, 35
+    *params, depths = random_splats(60, w, h, torch.float64, seed=5)
+    gen = torch.Generator().manual_seed(2)
+    g_rgb = torch.randn(h, w, 3, generator=gen, dtype=torch.float64)
+    g_t = torch.randn(h, w, generator=gen, dtype=torch.float64)
+    means = params[0].clone().requires_grad_(True)
+    rgb, trans = splat.rasterize(means, *params[1:], h, w, depths=depths, method=method)
+    ((rgb * g_rgb).sum() + (trans * g_t).sum()).backward()
+    order = torch.argsort(depths)
+    sorted_params = [p[order] for p in params]
+    expected = torch.zeros_like(means)
+    expected[order] = splat.absgrad_reference(*sorted_params, h, w, g_rgb, g_t)
+    assert expected.abs().max() > 0
+    torch.testing.assert_close(means.absgrad, expected, rtol=1e-8, atol=1e-10)
+    # the sum of absolute values is not the absolute value of the sum
+    assert (means.absgrad >= means.grad.abs() - 1e-12).all()
+    assert (means.absgrad > means.grad.abs() * 1.5 + 1e-6).any()
+
+
 def test_tiled_equals_naive_with_large_and_opaque_splats(splat_ext):
     # Splats spanning many tiles and stopping most pixels early: the tile lists must not drop any
     # contribution the naive kernel sees.

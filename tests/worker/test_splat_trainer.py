@@ -222,3 +222,30 @@ def test_schedule_follows_the_time_budget(tmp_path, blender):
     # schedule 60 (s - 1) after step s: past 100 at step 3, then steps 13 and 23; 1000 at 18
     assert t.counts == {"densifications": 3, "opacity_resets": 1, "relocated": 0}
     assert t.sched == 1500 and t.active_degree() == 3
+
+
+def test_absgrad_densification_fires(tmp_path, blender):
+    """absgrad (gsplat): the accumulated statistic is the per-pixel |gradient| sum, never below the
+    plain gradient's norm, and densification at gsplat's 8e-4 threshold adds Gaussians."""
+    cfgs = {}
+    for absgrad in (False, True):
+        cfg, _, job = intake(
+            tmp_path / str(absgrad),
+            blender,
+            {"n_init_points": 400, "steps": 100, "densify_from": 0, "absgrad": absgrad},
+        )
+        meta = read_meta(job / "dataset")
+        cfgs[absgrad] = SplatTrainer(
+            cfg, meta, torch.device("cpu"), Dataset(job / "dataset", "train", meta), None
+        )
+    plain, absg = cfgs[False], cfgs[True]
+    assert plain.grad_threshold == 2e-4 and absg.grad_threshold == 8e-4
+    plain.train_step()
+    absg.train_step()  # same seed, same view and parameters: only the statistic differs
+    a, p = absg.grad_accum, plain.grad_accum
+    assert (a >= p - 1e-9).all() and (a > 1.5 * p + 1e-9).any()
+    for _ in range(9):
+        absg.train_step()
+    n0 = absg.n
+    absg.densify_and_prune()
+    assert absg.n > n0

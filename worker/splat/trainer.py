@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from api_schemas.splat import ABSGRAD_THRESHOLD, GRAD_THRESHOLD
 from kernels.splat_project import quat_to_rotmat
 from worker.memory import reuse_freed_memory
 from worker.scene.cameras import RenderCamera
@@ -318,9 +319,8 @@ class SplatTrainer:
                 and out.visible.numel()
             ):
                 # view-space gradient in NDC units as 3DGS measures it (pixels span 2 / size)
-                g = out.means2d.grad * torch.tensor(
-                    [cam.width / 2, cam.height / 2], device=self.device
-                )
+                g = self._absgrad(out.means2d) if c.get("absgrad") else out.means2d.grad
+                g = g * torch.tensor([cam.width / 2, cam.height / 2], device=self.device)
                 self.grad_accum.index_add_(0, out.visible, g.norm(dim=-1))
                 self.grad_count.index_add_(0, out.visible, torch.ones_like(out.radii))
                 self.max_radii[out.visible] = torch.maximum(
@@ -454,11 +454,25 @@ class SplatTrainer:
             g["params"][0] = new
             self.params[k] = new
 
+    @property
+    def grad_threshold(self) -> float:
+        c = self.config
+        if c.get("densify_grad_threshold") is not None:
+            return float(c["densify_grad_threshold"])
+        return ABSGRAD_THRESHOLD if c.get("absgrad") else GRAD_THRESHOLD
+
+    @staticmethod
+    def _absgrad(means2d: torch.Tensor) -> torch.Tensor:
+        absgrad = getattr(means2d, "absgrad", None)
+        if absgrad is None:  # the pure-torch reference compositor computes none
+            raise ValueError("absgrad needs a compiled rasterizer (tiled or naive)")
+        return absgrad
+
     def densify_and_prune(self):
         c = self.config
         with torch.no_grad():
             grads = self.grad_accum / self.grad_count.clamp(min=1)
-            big = grads >= c["densify_grad_threshold"]
+            big = grads >= self.grad_threshold
             max_scale = torch.exp(self.params["scales"]).max(-1).values
             small = max_scale <= c["percent_dense"] * self.extent
             room = max(0, int(c["max_gaussians"]) - self.n)
