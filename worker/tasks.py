@@ -8,7 +8,6 @@ import base64
 import fcntl
 import logging
 import os
-import re
 import signal
 import threading
 import time
@@ -36,7 +35,7 @@ from core import metrics, path_jobs, webhooks
 from core.celery_config import PREPROCESS_QUEUE, TRAIN_QUEUE, send
 from core.process import set_parent_death_signal
 from core.settings import get_settings
-from core.storage import get_storage
+from core.storage import get_storage, without_paths
 from core.store import JobNotFound, JobStore
 from core.webhook_sender import start_sender
 from worker.app import app, limit_torch_threads
@@ -84,23 +83,8 @@ def _store() -> JobStore:
     return JobStore(storage, listeners=[webhooks.status_recorder(storage), metrics.status_listener])
 
 
-# An absolute path in an exception's text (FileNotFoundError and the like) shows clients the
-# server's layout: a job's own files are named relative to its folder, any other by its name.
-_ABS_PATH = re.compile(r"(?<![\w.:/~])/(?:[^\s'\":,()/]+/)+[^\s'\":,()/]*")
-_IN_JOB = re.compile(r"/jobs/[0-9a-fA-F-]{36}/(.+)")
-
-
-def _without_paths(msg: str) -> str:
-    def relative(m: re.Match) -> str:
-        path = m.group(0)
-        inside = _IN_JOB.search(path)
-        return inside.group(1) if inside else ".../" + path.rstrip("/").rsplit("/", 1)[-1]
-
-    return _ABS_PATH.sub(relative, msg)
-
-
 def _short_error(exc: BaseException) -> str:
-    msg = _without_paths(str(exc).strip())
+    msg = without_paths(str(exc).strip())
     if isinstance(exc, UnknownKind):
         return msg
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
@@ -239,7 +223,7 @@ def preprocess(job_id: str) -> None:
                 store.set_status(
                     job_id,
                     JobStatus.failed,
-                    error=_without_paths(str(exc))
+                    error=without_paths(str(exc))
                     if isinstance(exc, sfm_stage.StageError)
                     else _short_error(exc),
                     only_from={JobStatus.running, JobStatus.queued},
