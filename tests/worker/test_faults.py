@@ -149,11 +149,12 @@ def test_redis_restart_loses_no_queued_job(stack_factory, tmp_path):
         assert (
             redis.Redis.from_url(redis_server.url).llen("train") == 2
         )  # the two messages, in Redis only
+        # /readyz answers from a check at most READY_CACHE_S old, so each state shows within it.
         redis_server.kill()
-        assert stack.client.get("/readyz").status_code == 503
+        _wait(lambda: stack.client.get("/readyz").status_code == 503, 5, "/readyz 503")
         redis_server.start()  # same port, empty: both messages are gone
         assert redis.Redis.from_url(redis_server.url).llen("train") == 0
-        assert stack.client.get("/readyz").status_code == 200
+        _wait(lambda: stack.client.get("/readyz").status_code == 200, 5, "/readyz 200")
         assert all(stack.client.get(f"/v1/jobs/{i}").json()["status"] == "queued" for i in ids)
         # A job submitted after the restart goes through the new server as usual.
         ids.append(
