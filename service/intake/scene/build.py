@@ -143,6 +143,7 @@ def validate_scene_upload(
         "n_masked": sum("mask" in f for f in meta["frames"]),
         "has_alpha": meta["has_alpha"],
         "normalization": meta["normalization"],
+        "aabb_scale": meta["aabb"][1][0],  # the upload's, or chosen from its cameras and points
     }
     if keep_points:
         summary["n_points3d"] = meta.get("n_points3d", 0)
