@@ -30,6 +30,18 @@ class SplatConfig(TrainingImages):
         "auto",
         description="auto: COLMAP points3D.txt when the upload has one, else random points in the scene box",
     )
+    seed_points: Literal["auto", "random", "triangulate"] = Field(
+        "auto",
+        description="auto: a posed upload without sparse points gets SIFT matches triangulated "
+        "with its known cameras as seeds (init auto); triangulate: also when it has points "
+        "(they are replaced as seeds); random: never. A failure falls back to random points",
+    )
+    seed_max_s: float = Field(
+        60.0,
+        gt=0,
+        le=7200,
+        description="cap on triangulating seeds (also at most a quarter of time_limit_s)",
+    )
     n_init_points: int = Field(20_000, ge=1, le=2_000_000, description="random initialisation")
     init_extent: float = Field(
         0.5, gt=0, le=1.0, description="random points fill this fraction of the scene box"

@@ -7,6 +7,11 @@ worker.jobs.scene's; this module adds the Gaussian trainer, rasterising one view
 
 from __future__ import annotations
 
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
 import torch
 
 from worker.jobs.scene import SceneJob, SceneModel
@@ -16,9 +21,64 @@ from worker.scene.evaluate import evaluate as evaluate_views
 from worker.scene.pinhole import to_pinhole
 from worker.splat import model as gm
 from worker.splat.ply import ply_bytes
-from worker.splat.trainer import SplatTrainer, to_numpy
+from worker.splat.trainer import TRIANGULATED_POINTS, SplatTrainer, to_numpy
 
 PLY_NAME = "point_cloud.ply"
+SEEDS_WORK_DIR = "seeds"
+log = logging.getLogger(__name__)
+
+
+def wants_triangulation(config: dict[str, Any], dataset_dir: Path) -> bool:
+    mode = config.get("seed_points", "random")
+    if mode == "random" or config["init"] == "random":
+        return False
+    if (dataset_dir / TRIANGULATED_POINTS).is_file():
+        return False  # done by an earlier run of this job
+    return mode == "triangulate" or not (dataset_dir / "points3D.txt").is_file()
+
+
+def seed_cap_s(config: dict[str, Any], settings) -> float:
+    cap = float(config["seed_max_s"])
+    if config.get("time_limit_s"):
+        cap = min(cap, float(config["time_limit_s"]) / 4)
+    if settings.sfm_max_seconds:
+        cap = min(cap, float(settings.sfm_max_seconds))
+    return cap
+
+
+def triangulate_seeds(ctx, meta: dict[str, Any]) -> None:
+    """Writes dataset/points3D_triangulated.txt when it can; logs why not otherwise (the
+    trainer then starts from random points or the upload's own)."""
+    from worker.sfm.triangulate import TriangulationFailed, to_world, triangulate, write_points3d
+
+    dataset, work = ctx.paths.dataset, ctx.paths.root / SEEDS_WORK_DIR
+    s = ctx.settings
+    try:
+        r = triangulate(
+            dataset,
+            meta,
+            work,
+            seed_cap_s(ctx.config, s),
+            threads=s.sfm_threads,
+            max_image_size=s.sfm_max_image_size,
+            exhaustive_max_images=s.sfm_exhaustive_max_images,
+        )
+    except TriangulationFailed as e:
+        log.warning("job %s: no triangulated seeds (%s); random start", ctx.job.id, e)
+        return
+    except Exception:  # COLMAP refusing an image must not fail the training job
+        log.exception("job %s: triangulating seeds failed; random start", ctx.job.id)
+        return
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    write_points3d(dataset / TRIANGULATED_POINTS, to_world(r.xyz, meta["normalization"]), r.rgb)
+    log.info(
+        "job %s: %d seed points triangulated from %d photos in %.1f s",
+        ctx.job.id,
+        len(r.xyz),
+        r.n_images,
+        sum(r.seconds.values()),
+    )
 
 
 class SplatModel(SceneModel):
@@ -39,6 +99,8 @@ class SplatJob(SceneJob):
         return to_pinhole(super().dataset(ctx, split, meta))
 
     def make_trainer(self, ctx, meta, data):
+        if wants_triangulation(ctx.config, ctx.paths.dataset):
+            triangulate_seeds(ctx, meta)
         return SplatTrainer(ctx.config, meta, ctx.device, data, ctx.paths.dataset)
 
     def render_test_view(self, trainer, data, i):

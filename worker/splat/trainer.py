@@ -32,6 +32,8 @@ from worker.splat import model as gm
 from worker.splat.ssim import ssim
 
 log = logging.getLogger(__name__)
+# seeds a splat job triangulated from a posed upload's photos (worker/jobs/splat.py), world frame
+TRIANGULATED_POINTS = "points3D_triangulated.txt"
 APPEARANCE_MEAN_WEIGHT = 1.0  # pull of the per-image transforms' mean towards the identity
 # Fewest training steps between two refinements (densify/prune, MCMC relocation): when the time
 # budget moves the schedule faster than the steps, gradient statistics still span several views
@@ -138,13 +140,16 @@ class SplatTrainer:
     # -- state --------------------------------------------------------------------------------
     def _init(self, dataset_dir: Path | None):
         cfg = self.config
-        pts_file = None if dataset_dir is None else Path(dataset_dir) / "points3D.txt"
+        pts_file = None
+        if dataset_dir is not None:  # seeds triangulated for this job before the upload's points
+            tri = Path(dataset_dir) / TRIANGULATED_POINTS
+            pts_file = tri if tri.is_file() else Path(dataset_dir) / "points3D.txt"
         use_points = cfg["init"] == "points3d" or (
             cfg["init"] == "auto" and pts_file is not None and pts_file.is_file()
         )
         if use_points:
             pts, cols = read_points3d(pts_file, self.meta["normalization"])
-            log.info("splat init: %d COLMAP points", pts.shape[0])
+            log.info("splat init: %d points from %s", pts.shape[0], pts_file.name)
         else:
             lo, hi = (torch.tensor(v, dtype=torch.float32) for v in self.meta["aabb"])
             mid, half = (lo + hi) / 2, (hi - lo) / 2 * float(cfg["init_extent"])
