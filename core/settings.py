@@ -172,6 +172,14 @@ class Settings(BaseSettings):
     sfm_exhaustive_max_images: int = Field(
         300, ge=2, description="photo sets up to this size match every pair"
     )
+    sfm_mapper: Literal["auto", "incremental", "global"] = Field(
+        "auto",
+        description="COLMAP's incremental mapper or GLOMAP's global one; auto: global from "
+        "SFM_GLOBAL_MIN_IMAGES photos on",
+    )
+    sfm_global_min_images: int = Field(
+        500, ge=2, description="sfm_mapper auto: photo sets this large map globally (GLOMAP)"
+    )
     sfm_vocab_tree_path: Path | None = Field(
         None, description="COLMAP vocabulary tree; larger photo sets match by it when set"
     )

@@ -9,17 +9,22 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from experiments.sfm_capture import make_capture
+from experiments.sfm_capture import make_capture, similarity
 from worker.sfm import colmap
 
 N, SIZE = 24, 200
 
 
 @pytest.fixture(scope="module")
-def images(tmp_path_factory):
+def capture():
+    return make_capture(N, SIZE, n_test=1)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory, capture):
     d = tmp_path_factory.mktemp("views")
     names = []
-    for i, im in enumerate(make_capture(N, SIZE, n_test=1).rgb):
+    for i, im in enumerate(capture.rgb):
         names.append(f"IMG_{i:04d}.png")
         Image.fromarray(im).save(d / names[-1])
     return d, names
@@ -55,3 +60,31 @@ def test_fixed_distortion_mapping_refines_it_at_the_end(images, tmp_path):
     # The views were rendered with no distortion: what the refinement finds is small.
     assert np.abs([refined[k] for k in ("k1", "k2", "p1", "p2")]).max() < 0.1, refined
     assert rec.compute_mean_reprojection_error() <= before
+
+
+def test_global_mapper_recovers_the_cameras(images, capture, tmp_path):
+    """GLOMAP (sfm_mapper global) maps the same views into one model whose camera centres are
+    the true ones up to a similarity."""
+    d, names = images
+    opts = colmap.SfmOptions(
+        camera_model="SIMPLE_RADIAL", matcher="exhaustive", threads=2, mapper="global"
+    )
+    r = colmap.run_sfm(d, names, tmp_path, opts)
+    assert len(r.registered) >= 0.9 * N, (len(r.registered), r.n_models, r.seconds)
+    assert len(r.points_xyz) > 100
+    est = np.stack([reg.world_from_cam[:, 3] for reg in r.registered])
+    true = np.stack([capture.c2w[names.index(reg.name)][:3, 3] for reg in r.registered])
+    s, rot, t = similarity(true, est)
+    err = np.linalg.norm((s * (rot @ true.T)).T + t - est, axis=1) / (
+        s * np.linalg.norm(true, axis=1)
+    )
+    assert np.median(err) < 0.02 and err.max() < 0.1, err
+
+
+def test_auto_mapper_goes_global_from_the_threshold():
+    from worker.sfm.stage import choose_mapper
+
+    assert choose_mapper("auto", 499, 500) == "incremental"
+    assert choose_mapper("auto", 500, 500) == "global"
+    assert choose_mapper("incremental", 5000, 500) == "incremental"
+    assert choose_mapper("global", 10, 500) == "global"

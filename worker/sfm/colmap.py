@@ -1,4 +1,4 @@
-"""Structure from motion with pycolmap: SIFT features, matching, incremental mapping.
+"""Structure from motion with pycolmap: SIFT features, matching, incremental or global mapping.
 
 pycolmap's calls release the GIL, so a watcher thread can cancel them through a
 CancellationToken while they run. They report nothing on the way, so progress comes from
@@ -43,6 +43,7 @@ class SfmOptions:
     max_image_size: int = 1600
     single_camera: bool = True  # one camera shared by every image (one device, one zoom)
     vocab_tree_path: Path | None = None
+    mapper: str = "incremental"  # COLMAP's incremental mapper | "global" (GLOMAP)
 
 
 @dataclass
@@ -178,6 +179,26 @@ def _map(db, image_dir, out_dir, po, callback, token) -> dict:
     )
 
 
+def _global_options(opts: SfmOptions):
+    import pycolmap
+
+    go = pycolmap.GlobalPipelineOptions()
+    go.num_threads = _threads(opts.threads)
+    go.random_seed = SEED
+    go.mapper.random_seed = SEED
+    return go
+
+
+def _global_map(db, image_dir, out_dir, opts: SfmOptions) -> dict:
+    """GLOMAP (rotation averaging, then all positions and points at once). pycolmap's global
+    mapper takes no cancellation token and reports nothing: a cancel or SFM_MAX_SECONDS is
+    seen once it returns."""
+    import pycolmap
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return pycolmap.global_mapping(db, image_dir, out_dir, options=_global_options(opts))
+
+
 def _largest(models: dict):
     return max(models.values(), key=lambda r: r.num_reg_images(), default=None)
 
@@ -281,15 +302,18 @@ def _run_sfm(image_dir, names, work_dir, opts, progress, cancelled, start_pct) -
             done[0] += 1
             report(pct(MATCH_END + (MAP_END - MATCH_END) * min(done[0], len(names)) / len(names)))
 
-        po = _mapping_options(opts, mean_kp)
-        models = _map(db, image_dir, work_dir / "sparse", po, next_image, watch.token)
+        if opts.mapper == "global":
+            models = _global_map(db, image_dir, work_dir / "sparse", opts)
+        else:
+            po = _mapping_options(opts, mean_kp)
+            models = _map(db, image_dir, work_dir / "sparse", po, next_image, watch.token)
         watch.check()
         best = _largest(models)
         seconds["map"] = time.perf_counter() - t0
         fixed = False
         n_best = best.num_reg_images() if best is not None else 0
         split = len(models) > 1 and n_best < len(names)
-        if split and opts.camera_model not in NO_DISTORTION_MODELS:
+        if split and opts.mapper != "global" and opts.camera_model not in NO_DISTORTION_MODELS:
             # Distortion refined from the first few views can drift far enough that later views
             # no longer fit the model, which then splits (on experiments/sfm_capture.py's 200 px
             # views, OPENCV split 15 + 5 of 24 about one run in five). Mapped again with it held

@@ -156,6 +156,12 @@ def nerfstudio_transforms(registered, names: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+def choose_mapper(setting: str, n_images: int, global_min_images: int) -> str:
+    if setting != "auto":
+        return setting
+    return "global" if n_images >= global_min_images else "incremental"
+
+
 def run(job, paths, settings, progress, cancelled) -> dict[str, Any]:
     """Run SfM on the job's capture and write its dataset; returns the dataset summary fields
     to merge into job.dataset. Raises StageError (readable) or SfmCancelled."""
@@ -236,6 +242,7 @@ def run(job, paths, settings, progress, cancelled) -> dict[str, Any]:
             max_image_size=settings.sfm_max_image_size,
             single_camera=len(sizes) == 1,
             vocab_tree_path=settings.sfm_vocab_tree_path,
+            mapper=choose_mapper(settings.sfm_mapper, n, settings.sfm_global_min_images),
         )
         result = run_sfm(
             cap.image_dir, cap.files, work, opts, report, cancelled, start_pct=start_pct
@@ -249,6 +256,7 @@ def run(job, paths, settings, progress, cancelled) -> dict[str, Any]:
                 "registered_share": round(share, 4),
                 "camera_model": opts.camera_model,
                 "matcher": matcher,
+                "mapper": opts.mapper,
                 "sfm_s": round(sum(result.seconds.values()), 2),
                 "mean_keypoints": round(result.mean_keypoints, 1),
             }
