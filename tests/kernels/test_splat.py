@@ -282,3 +282,12 @@ def test_cuda_matches_cpu_reference(method):
     assert (rgb.cpu() - rgb_r).abs().max() < 2e-3 and (t.cpu() - t_r).abs().max() < 2e-3
     for a, b in zip(g, g_r):
         assert ((a.cpu() - b).abs().max() / b.abs().max()) < 1e-3
+    # absgrad: the CUDA warps' sums of |dL/dmean2d| against the CPU build's
+    absg = {}
+    for dev in ("cpu", "cuda"):
+        m = params[0].to(dev).clone().requires_grad_(True)
+        rest = [p.to(dev) for p in params[1:]]
+        rgb, t = splat.rasterize(m, *rest, h, w, depths=depths.to(dev), method=method)
+        ((rgb * weights[0].to(dev)).sum() + (t * weights[1].to(dev)).sum()).backward()
+        absg[dev] = m.absgrad.cpu()
+    assert ((absg["cuda"] - absg["cpu"]).abs().max() / absg["cpu"].abs().max()) < 1e-3
