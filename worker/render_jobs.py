@@ -1,76 +1,129 @@
-"""nf.render_frame_job: one frame too large for an HTTP wait (the API's RENDER_WAIT_PIXELS or its
-estimate from the job's render speed), rendered in bands of rows into the job's artifact
-`frame-<render_id>.<ext>`, with pixels_done and the outcome in the render job's state
-(core/path_jobs.py, kind frame). Path jobs are worker.tasks.render_path_job."""
+"""Render jobs: work too large for an HTTP wait, polled at renders/{id} (core/path_jobs.py).
+
+nf.render_path_job renders a camera path into the artifact `path-<render_id>.<format>`;
+nf.render_frame_job one frame over the API's RENDER_WAIT_PIXELS (or its estimate from the job's
+render speed), in bands of rows, into `frame-<render_id>.<ext>`. Progress (frames_done,
+pixels_done) and the outcome go to the render job's state."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
-from api_schemas.tasks import RenderFrameJobTask
+from api_schemas.tasks import RenderFrameJobTask, RenderPathJobTask
 from core import path_jobs
-from core.storage import atomic_write_bytes
+from core.storage import JobPaths, atomic_write_bytes
 from worker.app import app
 from worker.jobs import RenderError, kind_function
-from worker.tasks import PATH_JOB_REPORT_S, _checkpoint, _invalid, _short_error, _store
+from worker.tasks import _checkpoint, _invalid, _short_error, _store
 
 log = logging.getLogger(__name__)
 
+REPORT_S = 0.5  # progress is rewritten at most this often
 
-@app.task(name=RenderFrameJobTask.name, ignore_result=True, acks_late=False)
-def render_frame_job(job_id: str, render_id: str, request: dict[str, Any]) -> None:
+
+def _open(task_cls, job_id: str, render_id: str, request: dict[str, Any]):
+    """(store, paths, task) of a render job, or None when it was deleted or its message does not
+    validate (then the render job is failed with the reason)."""
     store = _store()
     try:
         paths = store.storage.paths(job_id)
         path_jobs.read(paths, render_id)
     except (ValueError, FileNotFoundError):
-        log.warning("nf.render_frame_job: %s/%s does not exist (deleted?)", job_id, render_id)
-        return
+        log.warning("%s: %s/%s does not exist (deleted?)", task_cls.name, job_id, render_id)
+        return None
     try:
-        task = RenderFrameJobTask.model_validate(
+        task = task_cls.model_validate(
             {"job_id": job_id, "render_id": render_id, "request": request}
         )
     except ValidationError as exc:
         path_jobs.update(paths, render_id, status="failed", error=_invalid(exc)["error"]["detail"])
-        return
-    request = task.request
-    name = path_jobs.artifact_name(render_id, request.format, "frame")
+        return None
+    return store, paths, task
+
+
+def _reporter(paths: JobPaths, render_id: str, field: str) -> Callable[[int, int], None]:
     last = [0.0]
 
-    def on_pixels(done: int, total: int) -> None:
+    def report(done: int, total: int) -> None:
         now = time.monotonic()
-        if done == total or now - last[0] >= PATH_JOB_REPORT_S:
+        if done == total or now - last[0] >= REPORT_S:
             last[0] = now
-            path_jobs.update(paths, render_id, pixels_done=done)
+            path_jobs.update(paths, render_id, **{field: done})
 
+    return report
+
+
+def _fail(paths: JobPaths, job_id: str, render_id: str, exc: Exception, what: str) -> None:
+    if isinstance(exc, RenderError):
+        error = exc.detail
+    else:
+        log.exception("%s job %s of %s failed", what, render_id, job_id)
+        error = f"render failed: {_short_error(exc)}"
+    try:
+        path_jobs.update(paths, render_id, status="failed", error=error)
+    except (OSError, ValueError):
+        pass  # the job was deleted meanwhile
+
+
+def _start(job_id: str, paths: JobPaths, render_id: str):
+    """The checkpoint the render job uses, recorded with its running status."""
+    checkpoint = _checkpoint(job_id, paths)
+    path_jobs.update(paths, render_id, status="running", checkpoint_step=checkpoint.step)
+    paths.artifacts.mkdir(parents=True, exist_ok=True)
+    return checkpoint
+
+
+@app.task(name=RenderPathJobTask.name, ignore_result=True, acks_late=False)
+def render_path_job(job_id: str, render_id: str, request: dict[str, Any]) -> None:
+    opened = _open(RenderPathJobTask, job_id, render_id, request)
+    if opened is None:
+        return
+    store, paths, task = opened
+    name = path_jobs.artifact_name(render_id, task.request.format)
+    tmp = paths.artifacts / f".{name}.tmp"
+    try:
+        job = store.get(job_id)
+        fn = kind_function(job.kind.value, "render_path_to")
+        if fn is None:
+            raise RenderError(422, f"{job.kind.value} jobs do not render camera paths")
+        checkpoint = _start(job_id, paths, render_id)
+        with open(tmp, "wb") as out:
+            fn(job, checkpoint, task.request, out, _reporter(paths, render_id, "frames_done"))
+        tmp.replace(paths.artifacts / name)
+    except Exception as exc:
+        tmp.unlink(missing_ok=True)
+        _fail(paths, job_id, render_id, exc, "path")
+        return
+    path_jobs.update(paths, render_id, status="succeeded", artifact=name)
+
+
+@app.task(name=RenderFrameJobTask.name, ignore_result=True, acks_late=False)
+def render_frame_job(job_id: str, render_id: str, request: dict[str, Any]) -> None:
+    opened = _open(RenderFrameJobTask, job_id, render_id, request)
+    if opened is None:
+        return
+    store, paths, task = opened
+    request = task.request
+    name = path_jobs.artifact_name(render_id, request.format, "frame")
     try:
         job = store.get(job_id)
         tiled = kind_function(job.kind.value, "render_frame_to")
         whole = kind_function(job.kind.value, "render")
         if tiled is None and whole is None:
             raise RenderError(422, f"{job.kind.value} jobs do not render frames")
-        checkpoint = _checkpoint(job_id, paths)
-        path_jobs.update(paths, render_id, status="running", checkpoint_step=checkpoint.step)
+        checkpoint = _start(job_id, paths, render_id)
         if tiled is not None:
-            data, _ = tiled(job, checkpoint, request, on_pixels)
+            data, _ = tiled(job, checkpoint, request, _reporter(paths, render_id, "pixels_done"))
         else:  # a kind that renders a frame at once (image: fast at any size)
             data, _ = whole(job, checkpoint, request)
-        paths.artifacts.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(paths.artifacts / name, data)
     except Exception as exc:
-        if isinstance(exc, RenderError):
-            error = exc.detail
-        else:
-            log.exception("frame job %s of %s failed", render_id, job_id)
-            error = f"render failed: {_short_error(exc)}"
-        try:
-            path_jobs.update(paths, render_id, status="failed", error=error)
-        except (OSError, ValueError):
-            pass  # the job was deleted meanwhile
+        _fail(paths, job_id, render_id, exc, "frame")
         return
     n_pixels = path_jobs.read(paths, render_id).get("n_pixels")
     path_jobs.update(

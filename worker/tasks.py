@@ -1,6 +1,6 @@
-"""Celery tasks: nf.preprocess, nf.train, nf.render, nf.render_path, nf.render_path_job,
-nf.export. Kind-specific work lives in worker.jobs.<kind>; structure from motion for uploads
-without poses in worker.sfm."""
+"""Celery tasks: nf.preprocess, nf.train, nf.render, nf.render_path, nf.export; the render jobs
+(nf.render_path_job, nf.render_frame_job) are in worker.render_jobs. Kind-specific work lives in
+worker.jobs.<kind>; structure from motion for uploads without poses in worker.sfm."""
 
 from __future__ import annotations
 
@@ -26,12 +26,11 @@ from api_schemas.render import PathRequest, RenderRequest
 from api_schemas.tasks import (
     ExportTask,
     PreprocessTask,
-    RenderPathJobTask,
     RenderPathTask,
     RenderTask,
     TrainTask,
 )
-from core import metrics, path_jobs, webhooks
+from core import metrics, webhooks
 from core.celery_config import PREPROCESS_QUEUE, TRAIN_QUEUE, send
 from core.process import set_parent_death_signal
 from core.settings import get_settings
@@ -542,61 +541,3 @@ def export(job_id: str, export_id: str) -> None:
     store = _store()
     execute(store, task.job_id, task.export_id, _checkpoint)
     webhooks.record_export(store.storage, task.job_id, task.export_id)
-
-
-PATH_JOB_REPORT_S = 0.5  # frames_done is rewritten at most this often
-
-
-@app.task(name=RenderPathJobTask.name, ignore_result=True, acks_late=False)
-def render_path_job(job_id: str, render_id: str, request: dict[str, Any]) -> None:
-    """A path rendered into the artifact path-<render_id>.<format>; progress and the outcome in
-    the path job's state (core/path_jobs.py)."""
-    store = _store()
-    try:
-        paths = store.storage.paths(job_id)
-        path_jobs.read(paths, render_id)
-    except (ValueError, FileNotFoundError):
-        log.warning("nf.render_path_job: %s/%s does not exist (deleted?)", job_id, render_id)
-        return
-    try:
-        task = RenderPathJobTask.model_validate(
-            {"job_id": job_id, "render_id": render_id, "request": request}
-        )
-    except ValidationError as exc:
-        path_jobs.update(paths, render_id, status="failed", error=_invalid(exc)["error"]["detail"])
-        return
-    request = task.request
-    name = path_jobs.artifact_name(render_id, request.format)
-    tmp = paths.artifacts / f".{name}.tmp"
-    last = [0.0]
-
-    def on_frame(done: int, total: int) -> None:
-        now = time.monotonic()
-        if done == total or now - last[0] >= PATH_JOB_REPORT_S:
-            last[0] = now
-            path_jobs.update(paths, render_id, frames_done=done)
-
-    try:
-        job = store.get(job_id)
-        fn = kind_function(job.kind.value, "render_path_to")
-        if fn is None:
-            raise RenderError(422, f"{job.kind.value} jobs do not render camera paths")
-        checkpoint = _checkpoint(job_id, paths)
-        path_jobs.update(paths, render_id, status="running", checkpoint_step=checkpoint.step)
-        paths.artifacts.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as out:
-            fn(job, checkpoint, request, out, on_frame)
-        tmp.replace(paths.artifacts / name)
-    except Exception as exc:
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, RenderError):
-            error = exc.detail
-        else:
-            log.exception("path job %s of %s failed", render_id, job_id)
-            error = f"render failed: {_short_error(exc)}"
-        try:
-            path_jobs.update(paths, render_id, status="failed", error=error)
-        except (OSError, ValueError):
-            pass  # the job was deleted meanwhile
-        return
-    path_jobs.update(paths, render_id, status="succeeded", artifact=name)
