@@ -4,6 +4,7 @@ implementation would provide the same methods (see docs/deploy.md)."""
 from __future__ import annotations
 
 import abc
+import fcntl
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -220,3 +222,19 @@ def without_paths(msg: str) -> str:
         return inside.group(1) if inside else ".../" + path.rstrip("/").rsplit("/", 1)[-1]
 
     return _ABS_PATH.sub(relative, msg)
+
+
+@contextmanager
+def flock(path: Path, blocking: bool = True) -> Iterator[bool]:
+    """An exclusive flock on `path` (created if missing) held for the block; yields False at once
+    instead of waiting when `blocking` is off and another process holds it."""
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -24,7 +24,7 @@ import httpx
 from api_schemas.webhooks import DeliveryStatus, WebhookAttempt, WebhookDelivery
 from core import metrics, webhooks
 from core.settings import Settings
-from core.storage import LocalStorage, parse_job_id
+from core.storage import LocalStorage, flock, parse_job_id
 
 log = logging.getLogger(__name__)
 POLL_S = 0.25
@@ -104,7 +104,7 @@ def send_job(storage: LocalStorage, job_id: str, settings: Settings) -> float | 
     if not folder.is_dir():
         marker.unlink(missing_ok=True)  # the job was deleted
         return
-    with webhooks.flock(folder / ".send.lock", blocking=False) as mine:
+    with flock(folder / ".send.lock", blocking=False) as mine:
         if not mine:
             return
         # Unmarked first: an event logged from here on marks the job again.

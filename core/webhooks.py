@@ -12,7 +12,6 @@ key's (`DATA_DIR/keys/<key id>/webhook.json`, which also holds the key's signing
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import hmac
 import ipaddress
@@ -21,8 +20,6 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -37,7 +34,7 @@ from api_schemas.webhooks import (
     WebhookEventType,
 )
 from core.exports import ExportNotFound, ExportStore
-from core.storage import JobPaths, LocalStorage, atomic_write_json
+from core.storage import JobPaths, LocalStorage, atomic_write_json, flock
 
 SIGNATURE_HEADER = "NF-Signature"
 EVENT_HEADER = "NF-Event-Id"
@@ -188,20 +185,6 @@ def mark_pending(storage: LocalStorage, job_id: str) -> None:
     folder = pending_dir(storage)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / job_id).touch()
-
-
-@contextmanager
-def flock(path: Path, blocking: bool = True) -> Iterator[bool]:
-    with open(path, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def record_files(paths: JobPaths) -> list[Path]:

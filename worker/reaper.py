@@ -30,7 +30,7 @@ from pathlib import Path
 from api_schemas.jobs import JobStatus
 from api_schemas.tasks import TrainTask
 from core.celery_config import TRAIN_QUEUE, broker_dirs, send
-from core.storage import JobPaths, atomic_write_json
+from core.storage import JobPaths, atomic_write_json, flock
 from core.store import JobNotFound, JobStore
 
 log = logging.getLogger(__name__)
@@ -227,16 +227,8 @@ def reap(app, store: JobStore, settings) -> list[str]:
 def _one_reaper(store: JobStore) -> Iterator[bool]:
     """Only one worker reaps at a time (the others skip this round)."""
     store.storage.ensure()
-    with open(store.storage.data_dir / REAPER_LOCK, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with flock(store.storage.data_dir / REAPER_LOCK, blocking=False) as mine:
+        yield mine
 
 
 def start_reaper(app, store_factory, settings) -> threading.Thread:
