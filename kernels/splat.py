@@ -96,8 +96,9 @@ def tile_bins(
 
 
 def _reference_chunk(px, py, means2d, conics, colors, opacities, alpha_min, alpha_max, stop_T):
-    dx = px[:, None] - means2d[None, :, 0]
-    dy = py[:, None] - means2d[None, :, 1]
+    # means2d is (N, 2), or (P, N, 2) with one copy per pixel (absgrad_reference's per-pixel grads)
+    dx = px[:, None] - means2d[..., 0]
+    dy = py[:, None] - means2d[..., 1]
     a, b, c = conics.unbind(-1)
     power = -0.5 * (a * dx * dx + c * dy * dy) - b * dx * dy
     raw = opacities * torch.exp(power)
@@ -285,20 +286,17 @@ def absgrad_reference(
     px, py = xs.reshape(-1) + 0.5, ys.reshape(-1) + 0.5
     per_pixel = means2d.detach()[None].expand(px.numel(), n, 2).clone().requires_grad_(True)
     with torch.enable_grad():
-        dx = px[:, None] - per_pixel[..., 0]
-        dy = py[:, None] - per_pixel[..., 1]
-        a, b, c = conics.detach().unbind(-1)
-        power = -0.5 * (a * dx * dx + c * dy * dy) - b * dx * dy
-        raw = opacities.detach() * torch.exp(power)
-        alpha = torch.where(
-            (power <= 0) & (raw >= alpha_min), raw.clamp(max=alpha_max), torch.zeros_like(raw)
+        rgb, final_T = _reference_chunk(
+            px,
+            py,
+            per_pixel,
+            conics.detach(),
+            colors.detach(),
+            opacities.detach(),
+            alpha_min,
+            alpha_max,
+            stop_T,
         )
-        one_m = 1.0 - alpha
-        trans = torch.cumprod(one_m, dim=1)
-        before = torch.cat([torch.ones_like(trans[:, :1]), trans[:, :-1]], dim=1)
-        alive = before >= stop_T
-        rgb = (alpha * before * alive) @ colors.detach()
-        final_T = torch.where(alive, one_m, torch.ones_like(one_m)).prod(dim=1)
         loss = (rgb * grad_rgb.reshape(-1, 3)).sum() + (final_T * grad_trans.reshape(-1)).sum()
         (g,) = torch.autograd.grad(loss, per_pixel)
     return g.abs().sum(0)
