@@ -16,10 +16,31 @@ class Settings(BaseSettings):
     data_dir: Path = Field(
         Path("./data"), description="job folders, and the broker/results in embedded mode"
     )
+    # Job files (core/storage.py): a local directory by default, or an S3-compatible bucket.
+    storage_url: str | None = Field(
+        None,
+        description="unset: job files under DATA_DIR; file:///path: under path; "
+        "s3://bucket/prefix: in an S3-compatible bucket (credentials: the AWS environment/config)",
+    )
+    s3_endpoint_url: str | None = Field(
+        None, description="S3 API endpoint for MinIO, R2 and the like; unset: AWS"
+    )
+    scratch_dir: Path | None = Field(
+        None, description="local working copies of S3 job files; unset: DATA_DIR/scratch"
+    )
+    scratch_max_gb: float = Field(
+        50, gt=0, description="a worker's scratch copies are evicted past this size (GiB)"
+    )
     host: str = "127.0.0.1"
     port: int = 8000
     redis_url: str | None = Field(
         None, description="unset: Celery filesystem broker + file results under DATA_DIR"
+    )
+    database_url: str | None = Field(
+        None,
+        repr=False,
+        description="job state; postgresql+psycopg://user:pass@host/db, unset: SQLite file "
+        "DATA_DIR/service.db",
     )
 
     max_upload_mb: float = Field(512, gt=0, description="multipart upload cap (413 past it)")
@@ -208,12 +229,16 @@ class Settings(BaseSettings):
 
     @field_validator(
         "redis_url",
+        "database_url",
         "api_keys",
         "api_keys_file",
         "key_id_secret",
         "sfm_vocab_tree_path",
         "lpips_model",
         "metrics_token",
+        "storage_url",
+        "s3_endpoint_url",
+        "scratch_dir",
         mode="before",
     )
     @classmethod
@@ -231,6 +256,11 @@ class Settings(BaseSettings):
     @property
     def max_render_result_bytes(self) -> int:
         return int(self.max_render_result_mb * 1024 * 1024)
+
+    @property
+    def scratch_path(self) -> Path:
+        """SCRATCH_DIR, or DATA_DIR/scratch."""
+        return (self.scratch_dir or self.data_dir / "scratch").resolve()
 
     @property
     def jobs_dir(self) -> Path:

@@ -552,11 +552,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("id")
     s.set_defaults(fn=cmd_cancel)
 
+    s = subparsers.add_parser(
+        "db",
+        help="the service's own database, run beside the service with its environment "
+        "(DATABASE_URL or DATA_DIR): `nf db upgrade` applies the migrations",
+    )
+    s.add_argument("db_args", nargs=argparse.REMAINDER, metavar="upgrade|current")
+    s.set_defaults(fn=cmd_db)
+
     s = sub_add("download", help="download the job's latest checkpoint")
     s.add_argument("id")
     s.add_argument("--out", type=Path, required=True)
     s.set_defaults(fn=cmd_download)
     return p
+
+
+def cmd_db(api: Api, args) -> int:
+    # The one command that is not an HTTP client: it needs the service's packages installed.
+    from core.db.__main__ import main as db_main
+
+    return db_main(args.db_args)
 
 
 def main(argv: list[str] | None = None) -> int:

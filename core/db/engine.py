@@ -1,0 +1,116 @@
+"""One SQLAlchemy engine per database URL and process, and sessions on it.
+
+SQLite (the embedded default, `<DATA_DIR>/service.db`) runs in WAL mode so readers never wait
+for the writer, with a busy timeout so concurrent writers queue instead of failing, and foreign
+keys on. Its transactions are started by us (`BEGIN`, or `BEGIN IMMEDIATE` for a session opened
+with `write=True`): a read-modify-write must hold the write lock from its first read, which is
+SQLite's equivalent of PostgreSQL's `SELECT ... FOR UPDATE`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+_WRITE_LOCK = "nf_sqlite_write_lock"
+
+_engines: dict[tuple[str, int], Engine] = {}
+_lock = threading.Lock()
+
+
+def database_url(settings) -> str:
+    """DATABASE_URL, else the SQLite file under DATA_DIR."""
+    if getattr(settings, "database_url", None):
+        return settings.database_url
+    return f"sqlite:///{Path(settings.data_dir).resolve() / 'service.db'}"
+
+
+def _sqlite_setup(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:
+        # pysqlite's own transaction handling would BEGIN lazily (and never for SELECT); we
+        # issue BEGIN ourselves in `_on_begin`.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA journal_mode = WAL")
+        cur.execute("PRAGMA synchronous = NORMAL")  # durable at checkpoints; safe with WAL
+        cur.execute("PRAGMA foreign_keys = ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:
+        immediate = conn.get_execution_options().get(_WRITE_LOCK)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def engine_for_url(url: str) -> Engine:
+    """The process's engine for `url` (made on first use). Keyed by pid as well: a forked
+    Celery child must not share its parent's pooled connections."""
+    key = (url, os.getpid())
+    with _lock:
+        engine = _engines.get(key)
+        if engine is not None:
+            return engine
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "sqlite":
+            if parsed.database and parsed.database != ":memory:":
+                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+            _sqlite_setup(engine)
+        else:
+            engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+        _engines[key] = engine
+        return engine
+
+
+def engine_for(settings=None) -> Engine:
+    """The engine for `settings.database_url` (default: the process's settings)."""
+    if settings is None:
+        from core.settings import get_settings
+
+        settings = get_settings()
+    return engine_for_url(database_url(settings))
+
+
+def dispose_all() -> None:
+    """Close every pooled connection of this process (tests dropping a database)."""
+    with _lock:
+        for (_, pid), engine in list(_engines.items()):
+            if pid == os.getpid():
+                engine.dispose()
+        _engines.clear()
+
+
+@contextmanager
+def session(
+    settings=None, *, write: bool = False, engine: Engine | None = None
+) -> Iterator[Session]:
+    """A session inside one transaction, committed on leaving (rolled back on an exception).
+    `write=True` takes SQLite's write lock at BEGIN, for read-modify-write transactions (on
+    PostgreSQL, lock the rows read with `with_for_update()`)."""
+    engine = engine or engine_for(settings)
+    with Session(engine, expire_on_commit=False) as s, s.begin():
+        if write and engine.dialect.name == "sqlite":
+            s.connection(execution_options={_WRITE_LOCK: True})
+        yield s
+
+
+def _forget_after_fork() -> None:
+    # The parent's connections belong to the parent; the child opens its own.
+    global _lock
+    _lock = threading.Lock()
+    for engine in list(_engines.values()):
+        engine.dispose(close=False)
+    _engines.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

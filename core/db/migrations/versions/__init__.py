@@ -1,0 +1,1 @@
+"""One revision per change of the schema, chained by down_revision."""
