@@ -56,6 +56,30 @@ DEFAULT_THRESHOLD = 5.0
 # blobs far from the scene, which no viewer wants and which spoil the mesh's bounds.
 DEFAULT_MIN_PIECE = 0.01
 DEFAULT_POINTS = 200_000
+# Point clouds of splat jobs leave out Gaussians fainter than this: the faint ones are mostly
+# floaters and the fading tails a densification leaves behind. Splat files keep every Gaussian
+# (their viewers composite the faint ones as the trainer did).
+DEFAULT_POINT_MIN_OPACITY = 0.05
+DEFAULT_FILE_MIN_OPACITY = 0.0
+# What each format reads when an option is left out: the one statement of these defaults.
+DEFAULTS_BY_FORMAT: dict[ExportFormat, dict[str, float | int]] = {
+    **{
+        f: {
+            "resolution": DEFAULT_RESOLUTION,
+            "threshold": DEFAULT_THRESHOLD,
+            "min_piece": DEFAULT_MIN_PIECE,
+        }
+        for f in MESH_FORMATS
+    },
+    ExportFormat.point_cloud: {
+        "n_points": DEFAULT_POINTS,
+        "min_opacity": DEFAULT_POINT_MIN_OPACITY,
+    },
+    ExportFormat.gaussians: {},
+    ExportFormat.splat: {"min_opacity": DEFAULT_FILE_MIN_OPACITY},
+    ExportFormat.spz: {"min_opacity": DEFAULT_FILE_MIN_OPACITY},
+}
+assert all(set(DEFAULTS_BY_FORMAT[f]) == set(OPTIONS_BY_FORMAT[f]) for f in ExportFormat)
 
 
 class ExportOptions(BaseModel):
@@ -91,9 +115,16 @@ class ExportOptions(BaseModel):
         None,
         ge=0,
         lt=1,
-        description="splat jobs: Gaussians fainter than this are left out (default 0.05 for "
-        "point clouds, 0 for .splat and .spz files)",
+        description="splat jobs: Gaussians fainter than this are left out (default "
+        f"{DEFAULT_POINT_MIN_OPACITY} for point clouds, {DEFAULT_FILE_MIN_OPACITY} for .splat "
+        "and .spz files)",
     )
+
+    def with_defaults(self, fmt: ExportFormat) -> ExportOptions:
+        """These options with the ones `fmt` reads and the request left out filled in from
+        DEFAULTS_BY_FORMAT."""
+        given = self.model_dump(exclude_none=True)
+        return self.model_copy(update={**DEFAULTS_BY_FORMAT[ExportFormat(fmt)], **given})
 
 
 class ExportRequest(BaseModel):

@@ -43,8 +43,8 @@ def held_out(trainer, test: Dataset, meta: dict, root: Path) -> tuple[float, flo
             d,
             trainer.eval_background,
             step=trainer.step_size,
-            cone_angle=trainer.config["cone_angle"],
-            max_samples=trainer.config["max_samples_per_ray"],
+            cone_angle=trainer.config.cone_angle,
+            max_samples=trainer.config.max_samples_per_ray,
             max_step=trainer.max_step,
         )
         pred = rgb.clamp(0, 1).reshape(f.h, f.w, 3).numpy()

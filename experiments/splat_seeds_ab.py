@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from api_schemas.splat import SplatConfig
 from core.settings import Settings
 from experiments.capture_scene import capture_files, zip_bytes
 from service.intake.splat import validate_upload
@@ -48,7 +49,8 @@ def held_out_psnr(trainer: SplatTrainer, test: Dataset) -> float:
     return float(np.mean(out))
 
 
-def run(job: Path, cfg: dict, steps: int) -> dict:
+def run(job: Path, stored: dict, steps: int) -> dict:
+    cfg = SplatConfig.model_validate(stored)
     ds = job / "dataset"
     meta = read_meta(ds)
     settings = Settings(data_dir=job.parent, sfm_threads=2)

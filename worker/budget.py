@@ -36,10 +36,9 @@ def device_type(device: Any) -> str:
     return "cuda" if t.startswith("cuda") else "cpu"
 
 
-def time_limit(config: dict[str, Any], device: Any) -> float:
-    """The job's budget in seconds: its `time_limit_s`, else the default for the device."""
-    limit = config.get("time_limit_s")
-    return float(limit) if limit else float(DEFAULT_TIME_LIMIT_S[device_type(device)])
+def time_limit(limit_s: float | None, device: Any) -> float:
+    """The job's budget in seconds: its config's `time_limit_s`, else the default for the device."""
+    return float(limit_s) if limit_s else float(DEFAULT_TIME_LIMIT_S[device_type(device)])
 
 
 def allowance(limit_s: float) -> float:

@@ -13,6 +13,7 @@ import torch
 from pydantic import ValidationError
 
 from api_schemas.camera import Camera, Orbit
+from api_schemas.render import Intrinsics
 from core.settings import Settings
 from experiments import synthetic_scene as S
 from service.intake.nerf import validate_upload
@@ -192,18 +193,18 @@ def test_resolve_request_camera_against_a_dataset(dataset):
     ds = Dataset(dataset, "test")
     meta = ds.meta
     world = C.denormalize_pose(ds.c2w[0].double(), ds.normalization)
-    cam = Camera.model_validate({"c2w": world.tolist(), "width": 24, "height": 24}).model_dump()
-    rc = R.resolve_camera(cam, meta)
+    cam = Camera.model_validate({"c2w": world.tolist(), "width": 24, "height": 24})
+    rc = R.resolve_camera(cam, cam, cam.width, cam.height, meta)
     assert torch.allclose(rc.c2w, ds.c2w[0].double(), atol=1e-5)
     assert rc.fx == pytest.approx(ds.frames[0].fx)  # default: the dataset's fov
     eye = world[:3, 3].tolist()
-    la = R.resolve_camera(
-        {"look_at": {"eye": eye, "target": [0, 0, 0]}, "fov_x_deg": 90, "width": 10, "height": 6},
-        meta,
+    cam = Camera.model_validate(
+        {"look_at": {"eye": eye, "target": [0, 0, 0]}, "fov_x_deg": 90, "width": 10, "height": 6}
     )
+    la = R.resolve_camera(cam, cam, cam.width, cam.height, meta)
     assert la.fx == pytest.approx(5.0) and (la.cx, la.cy) == (5.0, 3.0)
     assert torch.allclose(la.c2w[:3, 3], C.normalize_points(eye, ds.normalization), atol=1e-9)
-    path = R.orbit_cameras({"radius": 3.0, "n_frames": 4}, {"fov_y_deg": 60}, 8, 8, meta)
+    path = R.orbit_cameras(Orbit(radius=3.0, n_frames=4), Intrinsics(fov_y_deg=60), 8, 8, meta)
     assert len(path) == 4 and path[0].fy == pytest.approx(C.focal_from_fov(60, 8))
 
 
@@ -278,21 +279,21 @@ def test_jittered_rays_pass_through_their_own_pixel(dataset):
 
 
 def test_wire_render_requests_resolve(dataset):
-    """The API's request types (api_schemas.render), dumped as the worker gets them, resolve here."""
+    """The API's request types (api_schemas.render), as the task hands them on, resolve here."""
     from api_schemas.render import PathRequest, RenderRequest
 
     ds = Dataset(dataset, "test")
     world = C.denormalize_pose(ds.c2w[1].double(), ds.normalization)
     req = RenderRequest.model_validate(
         {"width": 24, "height": 24, "fov_x_deg": 45, "camera": {"c2w": world[:3].tolist()}}
-    ).model_dump(exclude_none=True)
+    )
     rc = R.resolve_request_camera(req, ds.meta)
     assert torch.allclose(rc.c2w, ds.c2w[1].double(), atol=1e-5) and rc.fx == pytest.approx(
         C.focal_from_fov(45, 24)
     )
     path = PathRequest.model_validate(
         {"width": 16, "height": 12, "orbit": {"radius": 3.0, "n_frames": 5, "up": [0, 0, 1]}}
-    ).model_dump(exclude_none=True)
+    )
     cams = R.path_cameras(path, ds.meta)
     assert len(cams) == 5 and all((c.width, c.height) == (16, 12) for c in cams)
     eyes = torch.stack([c.c2w[:3, 3] for c in cams]) / ds.normalization["scale"]
@@ -306,7 +307,7 @@ def test_wire_render_requests_resolve(dataset):
                 {"c2w": world.tolist()},
             ],
         }
-    ).model_dump(exclude_none=True)
+    )
     assert len(R.path_cameras(poses, ds.meta)) == 2
 
 

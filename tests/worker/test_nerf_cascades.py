@@ -61,7 +61,7 @@ def test_the_trainer_puts_cascades_over_a_large_box_and_the_unit_box_keeps_its_c
     assert t.grid.n_cascades == 3 and t.grid.half == [1.0] * 3
     assert t.grid.outer_aabb == [-4.0] * 3 + [4.0] * 3
     assert t.step_size == pytest.approx(2 * math.sqrt(3) / CONFIG["max_samples_per_ray"])
-    assert t.config["cone_angle"] == pytest.approx(1 / 256)
+    assert t.config.cone_angle == pytest.approx(1 / 256)
     # the hash grid spans the whole box; its finest level keeps max_resolution per unit box
     assert t.field.aabb_half == 4.0
     _, meta = t.state()
@@ -107,7 +107,7 @@ def test_a_ray_marches_into_an_outer_cascade_and_meets_the_wall_there():
         d,
         grid,
         render_step_size=t.step_size,
-        cone_angle=t.config["cone_angle"],
+        cone_angle=t.config.cone_angle,
         max_step=t.max_step,
         max_samples=1024,
     )
@@ -123,7 +123,7 @@ def test_a_ray_marches_into_an_outer_cascade_and_meets_the_wall_there():
         d,
         torch.ones(3),
         step=t.step_size,
-        cone_angle=t.config["cone_angle"],
+        cone_angle=t.config.cone_angle,
         max_step=t.max_step,
     )
     assert opacity.min() > 0.99 and torch.allclose(rgb, torch.full_like(rgb, 0.5), atol=0.01)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from api_schemas.splat import SplatConfig
 from core.settings import Settings
 from experiments.sfm_capture import make_capture
 from experiments.synthetic_scene import textured_scene, trace
@@ -62,16 +63,17 @@ def test_triangulated_seeds_lie_on_the_surface(posed, tmp_path):
 
 
 def test_the_job_seeds_the_trainer_and_falls_back_past_its_cap(posed, caplog):
-    _, cfg, job = posed
+    _, stored, job = posed
+    cfg = SplatConfig.model_validate(stored)
     dataset, meta = job / "dataset", read_meta(job / "dataset")
     ctx = SimpleNamespace(
-        config={**cfg, "seed_max_s": 0.01},
+        config=cfg.model_copy(update={"seed_max_s": 0.01}),
         settings=Settings(data_dir=job.parent, sfm_threads=2),
         paths=SimpleNamespace(dataset=dataset, root=job),
         job=SimpleNamespace(id="j"),
     )
-    assert cfg["seed_points"] == "auto" and wants_triangulation(cfg, dataset)
-    assert not wants_triangulation({**cfg, "init": "random"}, dataset)
+    assert cfg.seed_points == "auto" and wants_triangulation(cfg, dataset)
+    assert not wants_triangulation(cfg.model_copy(update={"init": "random"}), dataset)
     triangulate_seeds(ctx, meta)  # cancelled within its 0.01 s
     assert not (dataset / TRIANGULATED_POINTS).exists()
     assert "cap" in caplog.text and "random start" in caplog.text

@@ -108,7 +108,7 @@ def test_densify_clones_small_splits_large_prunes_faint(trainer):
     # split children are 1.6x smaller than their parent
     big = np.exp(trainer.params["scales"].detach().numpy()).max(-1)
     assert np.isclose(big, 0.2 * trainer.extent / 1.6, rtol=1e-4).sum() == 20
-    assert torch.sigmoid(trainer.params["opacities"]).min() >= trainer.config["prune_opacity"]
+    assert torch.sigmoid(trainer.params["opacities"]).min() >= trainer.config.prune_opacity
     trainer.train_step()  # the optimiser still works on the edited tensors
 
 

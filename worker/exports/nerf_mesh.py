@@ -7,11 +7,10 @@ field's density is whatever training left there (docs/exports.md)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
+from api_schemas.exports import ExportOptions
 from worker.exports.common import ExportError, to_world
 from worker.nerf.rendering import SAMPLE_CHUNK
 
@@ -68,7 +67,7 @@ def vertex_colors(model, verts: np.ndarray, normals: np.ndarray, offset: float) 
         torch.zeros(3, device=device),
         step=model.step_size,
         cone_angle=model.cone_angle,
-        max_samples=model.config["max_samples_per_ray"],
+        max_samples=model.config.max_samples_per_ray,
     )
     return (rgb / alpha.clamp_min(1e-3)[:, None]).clamp(0, 1).cpu().numpy()
 
@@ -116,12 +115,14 @@ def drop_small_pieces(verts: np.ndarray, faces: np.ndarray, normals: np.ndarray,
     return verts[used], remap[faces], normals[used], int((~big).sum())
 
 
-def mesh_export(model, fmt: str, options: dict[str, Any], defaults: dict[str, Any]):
+def mesh_export(model, fmt: str, options: ExportOptions):
+    """The mesh file of `fmt` and its stats; `options` with the mesh defaults filled in
+    (ExportOptions.with_defaults)."""
     import trimesh
 
-    resolution = int(options.get("resolution", defaults["resolution"]))
-    threshold = float(options.get("threshold", defaults["threshold"]))
-    min_piece = float(options.get("min_piece", defaults["min_piece"]))
+    resolution = int(options.resolution)
+    threshold = float(options.threshold)
+    min_piece = float(options.min_piece)
     verts, faces, normals = extract(model, resolution, threshold)
     verts, faces, normals, dropped = drop_small_pieces(verts, faces, normals, min_piece)
     # two lattice cells out: outside the level set, before any neighbouring surface

@@ -16,13 +16,15 @@ from __future__ import annotations
 import importlib
 import threading
 from dataclasses import dataclass
+from functools import cached_property
 from types import ModuleType
 from typing import Any
 
 from api_schemas.jobs import Job, JobKind
 from core.settings import Settings
 from core.storage import JobPaths
-from core.store import JobStore
+from core.store import CancelFlag, JobStore
+from worker.configs import Config, job_config
 from worker.errors import RenderError  # noqa: F401  (kind modules raise it from here)
 
 
@@ -66,7 +68,7 @@ def kind_function(kind: str, name: str):
 class JobContext:
     """Everything a trainer needs; built by worker.tasks for one nf.train run."""
 
-    job: Job  # the job as it was when training started (config = effective config)
+    job: Job  # the job as it was when training started (job.config: the stored dict)
     paths: JobPaths  # .dataset, .checkpoints, .artifacts, .root ...
     settings: Settings
     store: JobStore
@@ -76,12 +78,17 @@ class JobContext:
     )
     device: Any  # torch.device chosen for this worker
 
-    @property
-    def config(self) -> dict[str, Any]:
-        return self.job.config
+    @cached_property
+    def config(self) -> Config:
+        """The job's config as its kind's model (worker.configs.job_config), validated once."""
+        return job_config(self.job)
+
+    @cached_property
+    def _cancel_flag(self) -> CancelFlag:
+        return CancelFlag(self.store, self.job.id)
 
     def cancelled(self) -> bool:
-        return self.paths.cancel.exists()
+        return self._cancel_flag()
 
     def raise_if_cancelled(self) -> None:
         if STOP.is_set():

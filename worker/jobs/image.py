@@ -18,7 +18,9 @@ from PIL import Image, ImageOps
 from torch import nn
 
 import core.photos  # noqa: F401  (registers the HEIF reader: an uploaded photo may be HEIC)
+from api_schemas.image import ImageConfig
 from api_schemas.render import RenderRequest
+from worker.configs import config_dict, job_config, trained_config
 from worker.jobs import RenderError, pick_device
 from worker.scene.metrics import psnr_from_mse
 
@@ -71,12 +73,13 @@ class CoordMLP(nn.Module):
         return torch.sigmoid(self.mlp(self.encoder(x)))
 
 
-def model_from_config(config: dict[str, Any]) -> CoordMLP:
+def model_from_config(config: ImageConfig) -> CoordMLP:
+    """The field an ImageConfig describes (untrained)."""
     return CoordMLP(
-        hidden=config["hidden"],
-        n_layers=config["layers"],
-        use_pe=config["encoding"] == "fourier",
-        num_freqs=config["num_frequencies"],
+        hidden=config.hidden,
+        n_layers=config.layers,
+        use_pe=config.encoding == "fourier",
+        num_freqs=config.num_frequencies,
     )
 
 
@@ -110,27 +113,29 @@ def load_target(path: Path, resolution: int) -> np.ndarray:
 
 def fit(
     target: np.ndarray,
-    config: dict[str, Any],
+    config: ImageConfig | dict[str, Any],
     device=None,
     seed: int = 0,
     on_step=None,
     start: dict[str, Any] | None = None,
 ) -> tuple[CoordMLP, torch.optim.Optimizer, float]:
     """Seed 001's loop: full-batch AdamW on MSE. `on_step(step, model, opt, loss)` may raise to
-    stop; `start` resumes from a checkpoint. Returns model, optimizer and the final PSNR."""
+    stop; `start` resumes from a checkpoint. Returns model, optimizer and the final PSNR.
+    A dict `config` (scripts, tests) is validated first."""
+    config = ImageConfig.model_validate(config)
     device = device or torch.device("cpu")
     torch.manual_seed(seed)
     h, w, _ = target.shape
     coords = pixel_grid(w, h, device)
     y = torch.from_numpy(target).reshape(-1, 3).to(device)
     model = model_from_config(config).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=config["lr"])
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr)
     step = 0
     if start is not None:
         model.load_state_dict(start["model"])
         opt.load_state_dict(start["opt"])
         step = start["step"]
-    steps = config["steps"]
+    steps = config.steps
     while step < steps:
         pred = model(coords)
         loss = F.mse_loss(pred, y)
@@ -181,14 +186,14 @@ def _dataset_image(paths) -> Path:
 
 def train(ctx) -> dict[str, Any]:
     config = ctx.config
-    target = load_target(_dataset_image(ctx.paths), config["resolution"])
+    target = load_target(_dataset_image(ctx.paths), config.resolution)
     h, w, _ = target.shape
-    steps = config["steps"]
-    meta_base = {"config": config, "train_width": w, "train_height": h}
+    steps = config.steps
+    meta_base = {"config": config_dict(config), "train_width": w, "train_height": h}
 
     start = None
     ckpt = ctx.checkpoints.load_latest()
-    if ckpt is not None and ckpt.meta.get("config") == config and ckpt.step <= steps:
+    if ckpt is not None and _trained_with(ckpt) == config and ckpt.step <= steps:
         start = _unpack(ckpt)  # a redelivered task resumes where the last checkpoint left off
     ctx.progress.start_step = start["step"] if start else 0
     # Report at once: the first optimiser step can take a while (allocations, thread pools).
@@ -215,6 +220,13 @@ def train(ctx) -> dict[str, Any]:
         "train_height": h,
         "train_s": round(time.monotonic() - t0, 3),
     }
+
+
+def _trained_with(ckpt) -> ImageConfig | None:
+    saved = ckpt.meta.get("config")
+    if not isinstance(saved, dict):
+        return None
+    return trained_config(ImageConfig, saved, f"checkpoint {ckpt.step}")
 
 
 def _with_meta(packed, meta_base):
@@ -244,7 +256,8 @@ def _encode(pixels: np.ndarray, fmt: str) -> bytes:
 def _model_for(job, checkpoint, device) -> nn.Module:
     model = checkpoint.cache.get("model")
     if model is None:
-        model = model_from_config(job.config)
+        # the checkpoint's own config: the job's may have changed since it was trained
+        model = model_from_config(_trained_with(checkpoint) or job_config(job))
         model.load_state_dict(_unpack(checkpoint)["model"])
         model = model.to(device).eval()
         checkpoint.cache["model"] = model

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import torch
 
+from api_schemas.nerf import NerfConfig
 from worker.budget import CURVE_SHARE
 from worker.jobs.scene import SceneJob, SceneModel
 from worker.nerf.model import NerfField
@@ -56,12 +57,13 @@ class NerfModel(SceneModel):
         super().__init__(checkpoint, device)
         meta = checkpoint.meta
         # The cone angle and table size the run resolved from its scene (box, training pixels).
-        self.config = {
-            **self.config,
-            "cone_angle": meta.get("cone_angle", cone_angle(self.config, meta["aabb_half"])),
-            "log2_hashmap_size": meta.get("log2_hashmap_size", self.config["log2_hashmap_size"]),
-        }
-        self.cone_angle = self.config["cone_angle"]
+        self.config = self.config.model_copy(
+            update={
+                "cone_angle": meta.get("cone_angle", cone_angle(self.config, meta["aabb_half"])),
+                "log2_hashmap_size": meta.get("log2_hashmap_size", self.config.log2_hashmap_size),
+            }
+        )
+        self.cone_angle = self.config.cone_angle
         self.field = NerfField(self.config, meta["aabb_half"]).eval()
         from kernels import OccupancyGrid
 
@@ -73,14 +75,14 @@ class NerfModel(SceneModel):
             resolution=meta["grid"]["resolution"],
             n_cascades=meta["grid"]["n_cascades"],
             step_size=meta["step_size"],
-            backend=self.config.get("backend", "ext"),
+            backend=self.config.backend,
         )
         load_field_and_grid(self.field, self.grid, checkpoint.tensors, device)
         self.step_size = meta["step_size"]
         self.max_step = float(meta.get("max_step", 1e10))
 
 
-def _march(field, grid, config, step_size, o, d, background, max_step=1e10):
+def _march(field, grid, config: NerfConfig, step_size, o, d, background, max_step=1e10):
     return render_image(
         field,
         grid,
@@ -88,8 +90,8 @@ def _march(field, grid, config, step_size, o, d, background, max_step=1e10):
         d,
         background,
         step=step_size,
-        cone_angle=config["cone_angle"],
-        max_samples=config["max_samples_per_ray"],
+        cone_angle=config.cone_angle,
+        max_samples=config.max_samples_per_ray,
         max_step=max_step,
     )
 
@@ -172,7 +174,7 @@ class NerfJob(SceneJob):
             trainer.next_curve_s = due = trainer.train_s + min(
                 CURVE_INTERVAL_S, CURVE_FIRST_SHARE * limit
             )
-        warming = trainer.step < trainer.config["occupancy_warmup_steps"]
+        warming = trainer.step < trainer.config.occupancy_warmup_steps
         # A worker so slow that the warm-up outlasts a quarter of the budget measures anyway
         # (pessimistically: the evaluation then keeps more room, which such a worker needs).
         if trainer.train_s < due or (warming and trainer.train_s < CURVE_LATEST_SHARE * limit):

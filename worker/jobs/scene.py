@@ -22,9 +22,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from api_schemas.jobs import JobKind
+from api_schemas.kinds import CONFIG_MODELS
 from api_schemas.render import PathRequest, RenderRequest
 from core.storage import atomic_write_bytes
 from worker.budget import EvalPlan, TimeBudget, time_limit
+from worker.configs import trained_config
 from worker.jobs import RenderError, pick_device
 from worker.scene.cameras import RenderCamera, world_distance
 from worker.scene.dataset import Dataset, background_rgb, read_meta
@@ -33,7 +36,6 @@ from worker.scene.evaluate import ViewResult, colour_warning, evaluate
 from worker.scene.metrics import lpips_metric
 from worker.scene.requests import (
     PATH_PIXEL_BUDGET_FRAMES,
-    clean_camera,
     encode_output,
     output_pixels,
     path_cameras,
@@ -52,7 +54,8 @@ class SceneModel:
 
     def __init__(self, checkpoint, device):
         meta = checkpoint.meta
-        self.config = meta["config"]
+        # The config the checkpoint was trained with (not the job's: the two may differ)
+        self.config = trained_config(CONFIG_MODELS[JobKind(meta["kind"])], meta["config"])
         self.device = device
         self.normalization = meta["normalization"]
         cam = meta["camera"]
@@ -68,7 +71,7 @@ class SceneModel:
 
     def background(self, request: RenderRequest | PathRequest) -> torch.Tensor:
         spec = request.background
-        rgb = background_rgb(spec if spec is not None else self.config.get("background"))
+        rgb = background_rgb(spec if spec is not None else self.config.background)
         return torch.tensor(rgb, device=self.device)
 
 
@@ -104,7 +107,7 @@ class SceneJob:
     def report(self, ctx, trainer, last: dict[str, float], force: bool = False, **extra) -> None:
         ctx.progress.report(
             trainer.step,
-            ctx.config["steps"],
+            ctx.config.steps,
             loss=last.get("loss"),
             psnr=last.get("psnr"),
             force=force,
@@ -124,14 +127,21 @@ class SceneJob:
         return []
 
     # -- training --------------------------------------------------------------------------------
+    def _trained_with(self, ckpt):
+        """The config `ckpt` was trained with, or None where its meta has none."""
+        saved = ckpt.meta.get("config")
+        if not isinstance(saved, dict):
+            return None
+        return trained_config(CONFIG_MODELS[JobKind(self.kind)], saved, f"checkpoint {ckpt.step}")
+
     def resume(self, ctx, trainer) -> None:
         ckpt = ctx.checkpoints.load_latest()
         if ckpt is None:
             return
         if (
             ckpt.meta.get("kind") != self.kind
-            or ckpt.meta.get("config") != ctx.config
             or ckpt.meta.get("state_format") != getattr(trainer, "state_format", None)
+            or self._trained_with(ckpt) != ctx.config
         ):
             log.warning(
                 "job %s: checkpoint step %s does not match this config; starting over",
@@ -157,11 +167,11 @@ class SceneJob:
         trainer = self.make_trainer(ctx, meta, self.dataset(ctx, "train", meta))
         test = self.dataset(ctx, "test", meta)
         self.resume(ctx, trainer)
-        steps = config["steps"]
+        steps = config.steps
         # Wall time from the start of training (worker/budget.py): curve points, checkpoints and
         # the final evaluation count; earlier runs of a resumed job too.
         budget = TimeBudget(
-            time_limit(config, ctx.device),
+            time_limit(config.time_limit_s, ctx.device),
             getattr(trainer, "budget_used_s", 0.0),
             getattr(trainer, "budget_spent", None),
         )
@@ -183,7 +193,7 @@ class SceneJob:
             self.after_step(trainer, test)
             budget.spent["curve"] += time.perf_counter() - t0
             if trainer.step < steps and ctx.checkpoints.due(
-                marked=trainer.step % config["checkpoint_every"] == 0
+                marked=trainer.step % config.checkpoint_every == 0
             ):
                 self._checkpoint(ctx, trainer, budget)
         self._checkpoint(ctx, trainer, budget)
@@ -229,7 +239,7 @@ class SceneJob:
         lpips, lpips_absent = lpips_metric(ctx.settings.lpips_model)
         rows: list[dict] = []
         names: list[str] = []
-        keep = ctx.config["n_test_renders"]
+        keep = ctx.config.n_test_renders
         tmp_zip = art / f".{RENDERS_ZIP}.tmp"
         with zipfile.ZipFile(tmp_zip, "w", zipfile.ZIP_STORED) as zf:
 
@@ -285,10 +295,8 @@ class SceneJob:
         """One frame, encoded. With `on_pixels(done, total)` (a frame render job) it renders in
         bands of rows of about TILE_PIXELS and reports after each; the frame is the same."""
         request = RenderRequest.model_validate(request)  # the task's typed request, or a dict
-        wire = request.model_dump(mode="json", exclude_none=True)
-        wire["camera"] = clean_camera(wire.get("camera"), "camera")
         model, hit = self.model_for(checkpoint)
-        cam = resolve_request_camera(wire, model.camera_meta)
+        cam = resolve_request_camera(request, model.camera_meta)
         text = {
             "nf-model-cache": "hit" if hit else "miss",
             "nf-checkpoint-step": str(checkpoint.step),
@@ -311,10 +319,7 @@ class SceneJob:
 
     def path_frames(self, checkpoint, request: PathRequest, budget: bool = True):
         """(frame count, iterator of uint8 frames) of a PathRequest; RenderError for bad paths."""
-        wire = request.model_dump(mode="json", exclude_none=True)
-        if request.poses is not None:
-            wire["poses"] = [clean_camera(c, f"poses[{i}]") for i, c in enumerate(wire["poses"])]
-        width, height, n = path_length(wire)
+        width, height, n = path_length(request)
         if budget:
             from core.settings import get_settings
 
@@ -327,7 +332,7 @@ class SceneJob:
                     "frames, or render it as a path job",
                 )
         model, _ = self.model_for(checkpoint)
-        cams = path_cameras(wire, model.camera_meta)
+        cams = path_cameras(request, model.camera_meta)
         output = request.output
 
         def frames():

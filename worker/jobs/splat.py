@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from api_schemas.splat import SplatConfig
 from worker.jobs.scene import SceneJob, SceneModel
 from worker.scene.cameras import RenderCamera, world_distance
 from worker.scene.dataset import Dataset
@@ -28,19 +29,21 @@ SEEDS_WORK_DIR = "seeds"
 log = logging.getLogger(__name__)
 
 
-def wants_triangulation(config: dict[str, Any], dataset_dir: Path) -> bool:
-    mode = config.get("seed_points", "random")
-    if mode == "random" or config["init"] == "random":
+def wants_triangulation(config: SplatConfig, dataset_dir: Path) -> bool:
+    """Whether the job triangulates seeds from its photos before training (`seed_points`)."""
+    mode = config.seed_points
+    if mode == "random" or config.init == "random":
         return False
     if (dataset_dir / TRIANGULATED_POINTS).is_file():
         return False  # done by an earlier run of this job
     return mode == "triangulate" or not (dataset_dir / "points3D.txt").is_file()
 
 
-def seed_cap_s(config: dict[str, Any], settings) -> float:
-    cap = float(config["seed_max_s"])
-    if config.get("time_limit_s"):
-        cap = min(cap, float(config["time_limit_s"]) / 4)
+def seed_cap_s(config: SplatConfig, settings) -> float:
+    """Seconds triangulating seeds may take: seed_max_s, a quarter of the time limit, SfM's cap."""
+    cap = float(config.seed_max_s)
+    if config.time_limit_s:
+        cap = min(cap, float(config.time_limit_s) / 4)
     if settings.sfm_max_seconds:
         cap = min(cap, float(settings.sfm_max_seconds))
     return cap

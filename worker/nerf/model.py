@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from api_schemas.nerf import NerfConfig
 from kernels import HashGrid, mlp_bf16_supported, nerf_mlp, sh_encode, trunc_exp
 
 DENSITY_SHIFT = 1.0
@@ -30,37 +31,47 @@ def _layers(net: nn.Sequential) -> list[tuple[torch.Tensor, torch.Tensor]]:
 class NerfField(nn.Module):
     """Density and colour over the box [-half, half]^3 (normalised scene coordinates)."""
 
-    def __init__(self, config: dict[str, Any], aabb_half: float = 1.0, backend: str | None = None):
+    def __init__(
+        self,
+        config: NerfConfig | dict[str, Any],
+        aabb_half: float = 1.0,
+        backend: str | None = None,
+    ):
+        """`config` with its table size resolved (worker.nerf.trainer.table_log2); a dict
+        (scripts, tests) is validated first."""
         super().__init__()
-        self.backend = backend or config.get("backend", "ext")
+        config = NerfConfig.model_validate(config)
+        if config.log2_hashmap_size is None:
+            raise ValueError("NerfField needs log2_hashmap_size resolved (trainer.table_log2)")
+        self.backend = backend or config.backend
         self.aabb_half = float(aabb_half)
-        self.sh_degree = int(config["sh_degree"])
-        self.geo_features = int(config["geo_features"])
+        self.sh_degree = int(config.sh_degree)
+        self.geo_features = int(config.geo_features)
         # ngp: the finest level resolves 2048 cells per unit of aabb_scale.
         self.encoding = HashGrid(
             3,
-            config["n_levels"],
-            config["features_per_level"],
-            config["log2_hashmap_size"],
-            config["base_resolution"],
-            finest_resolution=config["max_resolution"] * self.aabb_half,
+            config.n_levels,
+            config.features_per_level,
+            config.log2_hashmap_size,
+            config.base_resolution,
+            finest_resolution=config.max_resolution * self.aabb_half,
             backend=self.backend,
         )
         self.density_net = _mlp(
             self.encoding.n_output_dims,
-            config["density_hidden"],
-            config["density_layers"],
+            config.density_hidden,
+            config.density_layers,
             1 + self.geo_features,
         )
         self.color_net = _mlp(
-            self.sh_degree**2 + self.geo_features, config["color_hidden"], config["color_layers"], 3
+            self.sh_degree**2 + self.geo_features, config.color_hidden, config.color_layers, 3
         )
         # Where the CPU has AVX-512 BF16 the fused op multiplies in bfloat16 itself, 1.5x its
         # float32 speed at the same test PSNR (docs/nerf.md): the default there. `bfloat16` on
         # other CPUs runs nn.Linear under bfloat16 autocast, slower than the fused float32 op (a
         # training step on the quality-bar scene, Sapphire Rapids with AMX, 2 threads: 137 ms
         # against 84 ms), so `auto` is float32 there.
-        precision = config.get("mlp_precision") or "auto"
+        precision = config.mlp_precision
         native = self.backend == "ext" and mlp_bf16_supported()
         self.fused_precision = (
             "bfloat16" if native and precision in ("auto", "bfloat16") else "float32"

@@ -1,14 +1,17 @@
 """Render requests of the scene kinds (nerf, splat): request cameras (dataset world frame) ->
 normalised RenderCameras, camera clean-up, and the rgb / depth / alpha outputs, so every kind
-answers the same request the same way. Requests arrive as `api_schemas.render` dicts."""
+answers the same request the same way. Requests arrive as the task's typed `api_schemas.render`
+models (RenderRequest, PathRequest), validated at the worker's boundary (worker.tasks)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 import torch
 
+from api_schemas.camera import Orbit, Pose
+from api_schemas.render import PathRequest, RenderRequest
 from core.scene_format import REQUEST_RIGID_TOL
 from worker.errors import RenderError
 from worker.scene.cameras import (
@@ -27,6 +30,19 @@ from worker.scene.encode import (
     encode_image,
     to_uint8,
 )
+
+
+class Intrinsics(Protocol):
+    """What intrinsics resolve from: a render request (api_schemas.render.Intrinsics) or a full
+    api_schemas.camera.Camera."""
+
+    fov_x_deg: float | None
+    fov_y_deg: float | None
+    fx: float | None
+    fy: float | None
+    cx: float | None
+    cy: float | None
+
 
 # A path may not ask for more than this many render-limit frames in total (time, memory).
 PATH_PIXEL_BUDGET_FRAMES = 64
@@ -89,89 +105,96 @@ def rigid_c2w(c2w, what: str) -> list[list[float]]:
     return out.tolist()
 
 
-def clean_camera(cam: dict[str, Any] | None, what: str) -> dict[str, Any]:
+def clean_camera(cam: Pose | None, what: str) -> Pose:
+    """A request's pose with its c2w made rigid (rigid_c2w); RenderError when there is none."""
     if cam is None:
         raise RenderError(
             422, "scene renders need a camera: {c2w: 4x4} or {look_at: {eye, target, up}}"
         )
-    return {**cam, "c2w": rigid_c2w(cam["c2w"], what)} if cam.get("c2w") is not None else cam
+    if cam.c2w is None:
+        return cam
+    return cam.model_copy(update={"c2w": rigid_c2w(cam.c2w, what)})
 
 
 # -- request cameras -> normalised cameras --------------------------------------------------
+# The field of view of a request without intrinsics where no training camera is known (a
+# checkpoint whose meta records none): about a phone camera's.
+FALLBACK_FOV_X_DEG = 50.0
+# The up of look_at and orbits without one where the dataset records none: Blender's z-up.
+FALLBACK_WORLD_UP = (0.0, 0.0, 1.0)
+
+
 def default_fov_x_deg(meta: dict) -> float:
     """The median horizontal fov of the training cameras, for requests that give no intrinsics."""
     fovs = sorted(
         fov_from_focal(f["fx"], f["w"]) for f in meta["frames"] if f.get("split") == "train"
     )
-    return fovs[len(fovs) // 2] if fovs else 50.0
+    return fovs[len(fovs) // 2] if fovs else FALLBACK_FOV_X_DEG
 
 
-def resolve_intrinsics(cam: dict[str, Any], width: int, height: int, meta: dict | None = None):
-    """(fx, fy, cx, cy) from a request's fov_x_deg | fov_y_deg | fx/fy/cx/cy (api_schemas.camera.Intrinsics)."""
-    if cam.get("fx") is not None or cam.get("fy") is not None:
-        fx = cam.get("fx") if cam.get("fx") is not None else cam["fy"]
-        fy = cam.get("fy") if cam.get("fy") is not None else fx
-    elif cam.get("fov_y_deg") is not None:
-        fx = fy = focal_from_fov(cam["fov_y_deg"], height)
+def resolve_intrinsics(intr: Intrinsics, width: int, height: int, meta: dict | None = None):
+    """(fx, fy, cx, cy) from a request's fov_x_deg | fov_y_deg | fx/fy/cx/cy (the intrinsics of
+    api_schemas.render's requests, or of an api_schemas.camera.Camera)."""
+    if intr.fx is not None or intr.fy is not None:
+        fx = intr.fx if intr.fx is not None else intr.fy
+        fy = intr.fy if intr.fy is not None else fx
+    elif intr.fov_y_deg is not None:
+        fx = fy = focal_from_fov(intr.fov_y_deg, height)
     else:
-        fov = cam.get("fov_x_deg") or (default_fov_x_deg(meta) if meta else 50.0)
+        fov = intr.fov_x_deg or (default_fov_x_deg(meta) if meta else FALLBACK_FOV_X_DEG)
         fx = fy = focal_from_fov(fov, width)
-    cx = cam.get("cx") if cam.get("cx") is not None else width / 2
-    cy = cam.get("cy") if cam.get("cy") is not None else height / 2
+    cx = intr.cx if intr.cx is not None else width / 2
+    cy = intr.cy if intr.cy is not None else height / 2
     return float(fx), float(fy), float(cx), float(cy)
 
 
-def resolve_pose(cam: dict[str, Any], meta: dict) -> torch.Tensor:
+def world_up(up, meta: dict):
+    """A request's up, else the dataset's world up."""
+    return up or meta.get("world_up") or FALLBACK_WORLD_UP
+
+
+def resolve_pose(pose: Pose, meta: dict) -> torch.Tensor:
     """World-frame c2w of a request's c2w | look_at (up defaults to the dataset's world_up)."""
-    if cam.get("c2w") is not None:
-        return as_c2w(cam["c2w"])
-    la = cam["look_at"]
-    return look_at(la["eye"], la["target"], la.get("up") or meta.get("world_up") or (0.0, 0.0, 1.0))
+    if pose.c2w is not None:
+        return as_c2w(pose.c2w)
+    la = pose.look_at
+    return look_at(la.eye, la.target, world_up(la.up, meta))
 
 
-def resolve_camera(cam: dict[str, Any], meta: dict) -> RenderCamera:
-    """A request camera (api_schemas.camera.Camera as a dict) -> normalised pose + intrinsics."""
-    w, h = int(cam["width"]), int(cam["height"])
-    fx, fy, cx, cy = resolve_intrinsics(cam, w, h, meta)
-    c2w = normalize_pose(resolve_pose(cam, meta), meta["normalization"])
-    return RenderCamera(c2w, fx, fy, cx, cy, w, h)
+def resolve_camera(
+    pose: Pose, intr: Intrinsics, width: int, height: int, meta: dict
+) -> RenderCamera:
+    """A request's pose and intrinsics at width x height -> normalised pose + intrinsics."""
+    fx, fy, cx, cy = resolve_intrinsics(intr, width, height, meta)
+    c2w = normalize_pose(resolve_pose(pose, meta), meta["normalization"])
+    return RenderCamera(c2w, fx, fy, cx, cy, int(width), int(height))
 
 
-def resolve_request_camera(request: dict[str, Any], meta: dict) -> RenderCamera:
-    """An `api_schemas.render.RenderRequest` dict (pose under `camera`, intrinsics and size beside it)."""
-    return resolve_camera({**request, **(request.get("camera") or {})}, meta)
+def resolve_request_camera(request: RenderRequest, meta: dict) -> RenderCamera:
+    """A RenderRequest's camera (pose under `camera`, intrinsics and size beside it)."""
+    pose = clean_camera(request.camera, "camera")
+    return resolve_camera(pose, request, request.width, request.height, meta)
 
 
-def path_length(request: dict[str, Any]) -> tuple[int, int, int]:
-    """(width, height, frames) of an `api_schemas.render.PathRequest` dict."""
-    cp = request.get("camera_path")
-    width = int(request.get("width") or cp["render_width"])
-    height = int(request.get("height") or cp["render_height"])
-    if cp is not None:
-        n = len(cp["camera_path"])
-    elif request.get("poses") is not None:
-        n = len(request["poses"])
-    elif request.get("orbit") is not None:
-        n = int(request["orbit"].get("n_frames", 36))
-    else:
-        raise RenderError(422, "give poses, an orbit or a camera_path")
-    return width, height, n
+def path_length(request: PathRequest) -> tuple[int, int, int]:
+    """(width, height, frames) of a PathRequest."""
+    return int(request.width), int(request.height), request.frames
 
 
-def path_cameras(request: dict[str, Any], meta: dict) -> list[RenderCamera]:
-    """An `api_schemas.render.PathRequest` dict: `orbit`, poses under `cameras`/`poses`, or a
-    nerfstudio `camera_path` with its `frame`."""
+def path_cameras(request: PathRequest, meta: dict) -> list[RenderCamera]:
+    """A PathRequest's cameras: its `orbit`, its `poses`, or its nerfstudio `camera_path` in
+    its `frame`."""
     w, h, _ = path_length(request)
-    if request.get("camera_path"):
+    if request.camera_path is not None:
         return nerfstudio_cameras(request, w, h, meta)
-    if request.get("orbit"):
-        return orbit_cameras(request["orbit"], request, w, h, meta)
-    poses = request.get("cameras") or request.get("poses") or []
-    return [resolve_camera({**request, **p, "width": w, "height": h}, meta) for p in poses]
+    if request.orbit is not None:
+        return orbit_cameras(request.orbit, request, w, h, meta)
+    poses = [clean_camera(p, f"poses[{i}]") for i, p in enumerate(request.poses or [])]
+    return [resolve_camera(p, request, w, h, meta) for p in poses]
 
 
 # -- nerfstudio camera paths ------------------------------------------------------------------
-def nerfstudio_cameras(request: dict[str, Any], width: int, height: int, meta: dict):
+def nerfstudio_cameras(request: PathRequest, width: int, height: int, meta: dict):
     """nerfstudio's camera_path.json (as `ns-render camera-path` reads it): `camera_to_world` is
     a row-major 4x4 c2w with OpenGL axes, `fov` the vertical field of view in degrees, the
     principal point the image centre; `aspect` and the viewer's keys are not needed.
@@ -179,27 +202,27 @@ def nerfstudio_cameras(request: dict[str, Any], width: int, height: int, meta: d
     or "nerfstudio" (nerfstudio's normalised frame: the request's `dataparser_transform`, as
     nerfstudio writes it to dataparser_transforms.json, else the one nerfstudio's default
     dataparser makes from this dataset's cameras, `nerfstudio_transform`)."""
-    frame = request.get("frame")
+    frame = request.frame
     if frame not in ("world", "nerfstudio"):
         raise RenderError(422, "camera_path needs frame: world or nerfstudio")
     to_world = None
     if frame == "nerfstudio":
-        dt = request.get("dataparser_transform")
+        dt = request.dataparser_transform
         if dt is not None:
-            t, scale = np.asarray(dt["transform"], dtype=np.float64), float(dt["scale"])
+            t, scale = np.asarray(dt.transform, dtype=np.float64), float(dt.scale)
         else:
             t, scale = nerfstudio_transform(_world_poses(meta))
         to_world = np.linalg.inv(np.vstack([t, [0.0, 0.0, 0.0, 1.0]])), scale
     cams = []
-    for i, entry in enumerate(request["camera_path"]["camera_path"]):
-        m = np.asarray(entry["camera_to_world"], dtype=np.float64).reshape(4, 4)
+    for i, entry in enumerate(request.camera_path.camera_path):
+        m = np.asarray(entry.camera_to_world, dtype=np.float64).reshape(4, 4)
         if to_world is not None:
             inv, scale = to_world
             m = m.copy()
             m[:3, 3] /= scale
             m = inv @ m
         c2w = rigid_c2w(m, f"camera_path[{i}]")
-        f = focal_from_fov(float(entry["fov"]), height)
+        f = focal_from_fov(float(entry.fov), height)
         cams.append(
             RenderCamera(
                 normalize_pose(c2w, meta["normalization"]),
@@ -260,17 +283,16 @@ def nerfstudio_transform(poses: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def orbit_cameras(
-    orbit: dict[str, Any], intrinsics: dict[str, Any], width: int, height: int, meta: dict
+    orbit: Orbit, intrinsics: Intrinsics, width: int, height: int, meta: dict
 ) -> list[RenderCamera]:
     """api_schemas.camera.Orbit (world frame) -> normalised RenderCameras."""
-    up = orbit.get("up") or meta.get("world_up") or (0.0, 0.0, 1.0)
     poses = orbit_poses(
-        orbit.get("center", (0, 0, 0)),
-        orbit["radius"],
-        orbit.get("elevation_deg", 20.0),
-        orbit.get("n_frames", 36),
-        up,
-        orbit.get("start_azimuth_deg", 0.0),
+        orbit.center,
+        orbit.radius,
+        orbit.elevation_deg,
+        orbit.n_frames,
+        world_up(orbit.up, meta),
+        orbit.start_azimuth_deg,
     )
     fx, fy, cx, cy = resolve_intrinsics(intrinsics, width, height, meta)
     return [

@@ -21,8 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from api_schemas.splat import ABSGRAD_THRESHOLD, GRAD_THRESHOLD
+from api_schemas.splat import ABSGRAD_THRESHOLD, GRAD_THRESHOLD, SplatConfig
 from kernels.splat_project import quat_to_rotmat
+from worker.configs import config_dict
 from worker.memory import reuse_freed_memory
 from worker.scene.cameras import RenderCamera
 from worker.scene.dataset import Dataset, background_rgb, composite_background
@@ -101,35 +102,37 @@ def scene_extent(cams: list[RenderCamera]) -> float:
 class SplatTrainer:
     def __init__(
         self,
-        config: dict[str, Any],
+        config: SplatConfig | dict[str, Any],
         meta: dict[str, Any],
         device,
         data: Dataset,
         dataset_dir: Path | None = None,
     ):
+        # The job hands its validated config on; a dict (scripts, tests) is validated here.
+        config = SplatConfig.model_validate(config)
         reuse_freed_memory()  # every step frees and allocates the same buffers again
         self.config, self.meta, self.device = config, meta, device
-        self.gen = torch.Generator().manual_seed(int(config["seed"]))
-        self.images = TrainImages(data, config.get("train_resolution"))
+        self.gen = torch.Generator().manual_seed(int(config.seed))
+        self.images = TrainImages(data, config.train_resolution)
         self.has_alpha = data.has_alpha
         self.extent = scene_extent(self.images.cams)
-        self.eval_background = torch.tensor(background_rgb(config.get("background")), device=device)
+        self.eval_background = torch.tensor(background_rgb(config.background), device=device)
         self.step = 0
         self.train_s = 0.0
-        self.degree = int(config["sh_degree"])
-        self.antialiased = bool(config.get("antialiased", False))
-        self.mcmc = config.get("strategy", "default") == "mcmc"
+        self.degree = int(config.sh_degree)
+        self.antialiased = config.antialiased
+        self.mcmc = config.strategy == "mcmc"
         self.binoms = mcmc.binomial_table() if self.mcmc else None
         self.params = {k: v.to(device) for k, v in self._init(dataset_dir).items()}
         self._make_optimizer()
         # Per-image affine colour transforms (training only), rows [M | b]: rgb' = M rgb + b
         self.appearance = None
-        if config.get("appearance"):
+        if config.appearance:
             eye = torch.eye(3, 4, device=device)
             self.appearance = torch.nn.Parameter(eye.repeat(len(self.images), 1, 1))
-            self.app_opt = torch.optim.Adam([self.appearance], lr=config["lr_appearance"])
+            self.app_opt = torch.optim.Adam([self.appearance], lr=config.lr_appearance)
         self._reset_stats()
-        self.densify_until = config["densify_until"] * config["steps"]
+        self.densify_until = config.densify_until * config.steps
         # Seconds of the job's budget at which training ends (set by the job, as for nerf)
         self.lr_horizon_s: float | None = None
         self.budget_used_s = 0.0
@@ -144,21 +147,21 @@ class SplatTrainer:
         if dataset_dir is not None:  # seeds triangulated for this job before the upload's points
             tri = Path(dataset_dir) / TRIANGULATED_POINTS
             pts_file = tri if tri.is_file() else Path(dataset_dir) / "points3D.txt"
-        use_points = cfg["init"] == "points3d" or (
-            cfg["init"] == "auto" and pts_file is not None and pts_file.is_file()
+        use_points = cfg.init == "points3d" or (
+            cfg.init == "auto" and pts_file is not None and pts_file.is_file()
         )
         if use_points:
             pts, cols = read_points3d(pts_file, self.meta["normalization"])
             log.info("splat init: %d points from %s", pts.shape[0], pts_file.name)
         else:
             lo, hi = (torch.tensor(v, dtype=torch.float32) for v in self.meta["aabb"])
-            mid, half = (lo + hi) / 2, (hi - lo) / 2 * float(cfg["init_extent"])
-            n = int(cfg["n_init_points"])
+            mid, half = (lo + hi) / 2, (hi - lo) / 2 * float(cfg.init_extent)
+            n = int(cfg.n_init_points)
             pts = mid + (torch.rand(n, 3, generator=self.gen) * 2 - 1) * half
             cols = torch.rand(n, 3, generator=self.gen)
         if not self.mcmc:
             return gm.init_tensors(pts, cols, self.degree)
-        cap = int(cfg["cap_max"])
+        cap = int(cfg.cap_max)
         if pts.shape[0] > cap:  # the cap holds from the start
             pick = torch.randperm(pts.shape[0], generator=self.gen)[:cap]
             pts, cols = pts[pick], cols[pick]
@@ -170,12 +173,12 @@ class SplatTrainer:
     def _lrs(self) -> dict[str, float]:
         c = self.config
         return {
-            "means": c["lr_means"] * self.extent,
-            "scales": c["lr_scales"],
-            "quats": c["lr_quats"],
-            "opacities": c["lr_opacity"],
-            "sh_dc": c["lr_sh_dc"],
-            "sh_rest": c["lr_sh_rest"],
+            "means": c.lr_means * self.extent,
+            "scales": c.lr_scales,
+            "quats": c.lr_quats,
+            "opacities": c.lr_opacity,
+            "sh_dc": c.lr_sh_dc,
+            "sh_rest": c.lr_sh_rest,
         }
 
     def _make_optimizer(self, moments: dict[str, torch.Tensor] | None = None):
@@ -209,14 +212,14 @@ class SplatTrainer:
     def schedule_step(self) -> float:
         """Where the run stands on the `steps`-long schedule: the step, or further when the time
         budget is used up faster than the steps (the job's real horizon)."""
-        steps = int(self.config["steps"])
+        steps = int(self.config.steps)
         frac = self.step / max(steps, 1)
         if self.lr_horizon_s:
             frac = max(frac, self.budget_used_s / self.lr_horizon_s)
         return min(frac, 1.0) * steps
 
     def active_degree(self) -> int:
-        return min(self.degree, int(self.sched // int(self.config["sh_increase_every"])))
+        return min(self.degree, int(self.sched // int(self.config.sh_increase_every)))
 
     def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         t = {k: v.detach().cpu().contiguous() for k, v in self.params.items()}
@@ -232,7 +235,7 @@ class SplatTrainer:
             t["appearance"] = self.appearance.detach().cpu().contiguous()
         meta = {
             "kind": "splat",
-            "config": self.config,
+            "config": config_dict(self.config),
             "step": self.step,
             "train_s": self.train_s,
             "budget_used_s": getattr(self, "budget_used_s", 0.0),
@@ -253,7 +256,7 @@ class SplatTrainer:
         self.params = {k: tensors[k].to(self.device) for k in gm.NAMES}
         if self.appearance is not None and "appearance" in tensors:
             self.appearance = torch.nn.Parameter(tensors["appearance"].to(self.device))
-            self.app_opt = torch.optim.Adam([self.appearance], lr=self.config["lr_appearance"])
+            self.app_opt = torch.optim.Adam([self.appearance], lr=self.config.lr_appearance)
         moments = tensors if "m1_means" in tensors else None
         self._make_optimizer(moments)
         self._reset_stats()
@@ -265,7 +268,7 @@ class SplatTrainer:
 
     # -- one step -----------------------------------------------------------------------------
     def _background(self) -> torch.Tensor:
-        mode = self.config["train_background"]
+        mode = self.config.train_background
         if mode == "random" and self.has_alpha:
             return torch.rand(3, generator=self.gen).to(self.device)
         if mode == "black":
@@ -274,11 +277,8 @@ class SplatTrainer:
 
     def _set_lr(self):
         c = self.config
-        t = self.schedule_step() / max(1, c["steps"])
-        lr = (
-            math.exp((1 - t) * math.log(c["lr_means"]) + t * math.log(c["lr_means_final"]))
-            * self.extent
-        )
+        t = self.schedule_step() / max(1, c.steps)
+        lr = math.exp((1 - t) * math.log(c.lr_means) + t * math.log(c.lr_means_final)) * self.extent
         for g in self.opt.param_groups:
             if g["name"] == "means":
                 g["lr"] = lr
@@ -291,7 +291,7 @@ class SplatTrainer:
         cam = self.images.cams[i]
         bg = self._background()
         target = composite_background(self.images.rgba[i].to(self.device), bg)
-        out = gm.render(self.params, cam, bg, self.active_degree(), c["method"], self.antialiased)
+        out = gm.render(self.params, cam, bg, self.active_degree(), c.method, self.antialiased)
         rgb = out.rgb
         if self.appearance is not None:  # this photo's exposure / white balance
             a = self.appearance[i]
@@ -300,15 +300,15 @@ class SplatTrainer:
         if keep is not None:  # masked pixels take the render's own colour: no gradient from them
             target = torch.where(keep.to(self.device)[..., None], target, rgb.detach())
         l1 = (rgb - target).abs().mean()
-        loss = (1 - c["lambda_dssim"]) * l1 + c["lambda_dssim"] * (1 - ssim(rgb, target))
+        loss = (1 - c.lambda_dssim) * l1 + c.lambda_dssim * (1 - ssim(rgb, target))
         if self.appearance is not None:
             # The transforms' mean stays the identity: the Gaussians keep the colours of an
             # average photo, which is what renders without a transform (held-out views) show.
             eye = torch.eye(3, 4, device=self.device)
             loss = loss + APPEARANCE_MEAN_WEIGHT * ((self.appearance.mean(0) - eye) ** 2).sum()
         if self.mcmc:  # the paper's L1 priors: unneeded Gaussians fade out and shrink
-            loss = loss + c["mcmc_opacity_reg"] * torch.sigmoid(self.params["opacities"]).mean()
-            loss = loss + c["mcmc_scale_reg"] * torch.exp(self.params["scales"]).mean()
+            loss = loss + c.mcmc_opacity_reg * torch.sigmoid(self.params["opacities"]).mean()
+            loss = loss + c.mcmc_scale_reg * torch.exp(self.params["scales"]).mean()
         self.opt.zero_grad(set_to_none=True)
         if self.appearance is not None:
             self.app_opt.zero_grad(set_to_none=True)
@@ -324,7 +324,7 @@ class SplatTrainer:
                 and out.visible.numel()
             ):
                 # view-space gradient in NDC units as 3DGS measures it (pixels span 2 / size)
-                g = self._absgrad(out.means2d) if c.get("absgrad") else out.means2d.grad
+                g = self._absgrad(out.means2d) if c.absgrad else out.means2d.grad
                 g = g * torch.tensor([cam.width / 2, cam.height / 2], device=self.device)
                 self.grad_accum.index_add_(0, out.visible, g.norm(dim=-1))
                 self.grad_count.index_add_(0, out.visible, torch.ones_like(out.radii))
@@ -341,14 +341,10 @@ class SplatTrainer:
             def crossed(every: int) -> bool:  # a multiple of `every` passed during this step
                 return int(self.sched // every) > int(prev // every)
 
-            if (
-                self.sched >= c["densify_from"]
-                and crossed(c["densify_every"])
-                and self._may_refine()
-            ):
+            if self.sched >= c.densify_from and crossed(c.densify_every) and self._may_refine():
                 self.densify_and_prune()
                 self.counts["densifications"] += 1
-            if crossed(c["opacity_reset_every"]):
+            if crossed(c.opacity_reset_every):
                 self.reset_opacity()
                 self.counts["opacity_resets"] += 1
         # Loss and MSE read back together: one wait for the device a step, not two.
@@ -370,9 +366,9 @@ class SplatTrainer:
     # -- MCMC -----------------------------------------------------------------------------------
     def _mcmc_step(self, prev: float):
         c = self.config
-        every = int(c["densify_every"])
+        every = int(c.densify_every)
         crossed = int(self.sched // every) > int(prev // every)
-        if c["densify_from"] <= self.sched < self.densify_until and crossed and self._may_refine():
+        if c.densify_from <= self.sched < self.densify_until and crossed and self._may_refine():
             self.counts["relocated"] += self.relocate_dead()
             self.add_gaussians()
             self.counts["densifications"] += 1
@@ -385,7 +381,7 @@ class SplatTrainer:
                     p["scales"],
                     p["quats"],
                     p["opacities"],
-                    lr * c["mcmc_noise_lr"],
+                    lr * c.mcmc_noise_lr,
                     self.gen,
                 )
             )
@@ -398,7 +394,7 @@ class SplatTrainer:
         op = torch.sigmoid(p["opacities"][idx])
         copies = torch.bincount(idx, minlength=self.n)[idx] + 1
         new_o, new_s = mcmc.relocated(op, torch.exp(p["scales"][idx]), copies, self.binoms)
-        new_o = new_o.clamp(min=c["prune_opacity"], max=1 - torch.finfo(torch.float32).eps)
+        new_o = new_o.clamp(min=c.prune_opacity, max=1 - torch.finfo(torch.float32).eps)
         p["opacities"][idx] = gm.inverse_sigmoid(new_o)
         p["scales"][idx] = torch.log(new_s)
         for g in self.opt.param_groups:  # the sources restart their moments
@@ -412,8 +408,8 @@ class SplatTrainer:
         """Dead Gaussians (opacity <= prune_opacity) take the place of copies of live ones."""
         with torch.no_grad():
             op = torch.sigmoid(self.params["opacities"].detach())
-            dead = (op <= self.config["prune_opacity"]).nonzero().squeeze(1)
-            alive = (op > self.config["prune_opacity"]).nonzero().squeeze(1)
+            dead = (op <= self.config.prune_opacity).nonzero().squeeze(1)
+            alive = (op > self.config.prune_opacity).nonzero().squeeze(1)
             if not dead.numel() or not alive.numel():
                 return 0
             src = alive[mcmc.sample_sources(op[alive], dead.numel(), self.gen)]
@@ -429,7 +425,7 @@ class SplatTrainer:
 
     def add_gaussians(self) -> int:
         """5 % more Gaussians (up to cap_max), copies of ones drawn by opacity."""
-        n_new = max(0, min(int(self.config["cap_max"]), int(1.05 * self.n)) - self.n)
+        n_new = max(0, min(int(self.config.cap_max), int(1.05 * self.n)) - self.n)
         if not n_new:
             return 0
         with torch.no_grad():
@@ -462,9 +458,9 @@ class SplatTrainer:
     @property
     def grad_threshold(self) -> float:
         c = self.config
-        if c.get("densify_grad_threshold") is not None:
-            return float(c["densify_grad_threshold"])
-        return ABSGRAD_THRESHOLD if c.get("absgrad") else GRAD_THRESHOLD
+        if c.densify_grad_threshold is not None:
+            return float(c.densify_grad_threshold)
+        return ABSGRAD_THRESHOLD if c.absgrad else GRAD_THRESHOLD
 
     @staticmethod
     def _absgrad(means2d: torch.Tensor) -> torch.Tensor:
@@ -479,8 +475,8 @@ class SplatTrainer:
             grads = self.grad_accum / self.grad_count.clamp(min=1)
             big = grads >= self.grad_threshold
             max_scale = torch.exp(self.params["scales"]).max(-1).values
-            small = max_scale <= c["percent_dense"] * self.extent
-            room = max(0, int(c["max_gaussians"]) - self.n)
+            small = max_scale <= c.percent_dense * self.extent
+            room = max(0, int(c.max_gaussians) - self.n)
             clone = (big & small).nonzero().squeeze(1)[:room]
             room -= clone.numel()
             split = (big & ~small).nonzero().squeeze(1)[:room]
@@ -506,12 +502,12 @@ class SplatTrainer:
             )
             # prune
             op = torch.sigmoid(self.params["opacities"].detach())
-            prune = op < c["prune_opacity"]
-            if self.sched > c["opacity_reset_every"]:
-                prune |= self.max_radii > c["prune_screen_size"]
+            prune = op < c.prune_opacity
+            if self.sched > c.opacity_reset_every:
+                prune |= self.max_radii > c.prune_screen_size
                 prune |= (
                     torch.exp(self.params["scales"].detach()).max(-1).values
-                    > c["prune_world_size"] * self.extent
+                    > c.prune_world_size * self.extent
                 )
             if prune.all():
                 prune[0] = False
