@@ -183,6 +183,7 @@ def blender():
 
 
 def test_nerf_trains_resumes_renders_and_exports_on_cuda(tmp_path, blender, monkeypatch):
+    from api_schemas.exports import ExportOptions
     from worker.exports.nerf_mesh import mesh_export
     from worker.exports.nerf_points import nerf_point_cloud
     from worker.fake_cuda import counts
@@ -213,7 +214,7 @@ def test_nerf_trains_resumes_renders_and_exports_on_cuda(tmp_path, blender, monk
         ckpt = manager.load_latest()
         # (without samples_per_step: instant-ngp's 2^18 on a GPU, 2^16 on a CPU)
         resumed = NerfTrainer({**cfg, "samples_per_step": None}, meta, CUDA, data)
-        assert resumed.config["samples_per_step"] == 1 << 18
+        assert resumed.config.samples_per_step == 1 << 18
         assert samples_per_step({"samples_per_step": None}, torch.device("cpu")) == 1 << 16
         resumed.load_state(ckpt.tensors, ckpt.meta)
         assert resumed.step == 50 and is_cuda(resumed.field.encoding.params)
@@ -233,7 +234,7 @@ def test_nerf_trains_resumes_renders_and_exports_on_cuda(tmp_path, blender, monk
             )
         assert len(frames) == 3 and (tmp_path / "path.mp4").stat().st_size > 0
         mesh = {"resolution": 24, "threshold": 0.01, "min_piece": 0.0}
-        data_, _ = mesh_export(model, "ply", mesh, mesh)
+        data_, _ = mesh_export(model, "ply", ExportOptions(**mesh))
         assert data_[:3] == b"ply"
         # 53 steps make no opaque surface yet; the device path is the same at any threshold
         monkeypatch.setattr("worker.exports.nerf_points.MIN_OPACITY", 0.01)
