@@ -1,5 +1,6 @@
-"""Where job files live. `LocalStorage` keeps everything under DATA_DIR; an object-store
-implementation would provide the same methods (see docs/deploy.md)."""
+"""Where job files live: the `Storage` interface, `LocalStorage` (a directory, the default) and
+`get_storage`, which picks the backend STORAGE_URL names (S3: core/s3_storage.py). Also the
+checkpoint file layout and the atomic-write and flock helpers both sides use."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+from urllib.parse import unquote, urlparse
 
 
 def parse_job_id(job_id: str) -> str:
@@ -135,44 +138,73 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=1, default=str).encode())
 
 
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One stored object of a job: its key inside the job, size in bytes, modification time
+    (seconds since the epoch)."""
+
+    key: str
+    size: int
+    mtime: float
+
+
+_KEY_PART = re.compile(r"^[^\x00-\x1f\\]+$")
+
+
+def check_key(key: str) -> str:
+    """`key` if it is a relative POSIX path inside a job (no `..`, no empty or absolute parts,
+    no backslashes or control characters); ValueError otherwise, so keys never escape a job."""
+    parts = str(key).split("/")
+    if not key or any(p in ("", ".", "..") or not _KEY_PART.match(p) for p in parts):
+        raise ValueError(f"invalid storage key {key!r}")
+    return str(key)
+
+
+def check_prefix(prefix: str) -> str:
+    """A listing prefix: empty, or a key's beginning (a trailing `/` is allowed)."""
+    if prefix:
+        check_key(prefix.rstrip("/") or ".")
+    return prefix
+
+
+def _file_bytes(root: Path) -> int:
+    """Disk blocks under `root` (what a full disk counts), links not followed."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total
+
+
 class Storage(abc.ABC):
-    """Where job folders live. Workers and the API see the same folders (a shared volume in
-    a deployment); an object-store backend would implement these against a bucket and hand
-    out local working copies as JobPaths (docs/deploy.md)."""
+    """A job's files, addressed by (job_id, key), key a relative POSIX path inside the job
+    ("dataset/images/0001.png", "checkpoints/step-100.safetensors", "artifacts/mesh.glb").
 
-    @abc.abstractmethod
-    def ensure(self) -> None: ...
-
-    @abc.abstractmethod
-    def paths(self, job_id: str) -> JobPaths: ...
-
-    @abc.abstractmethod
-    def new_job_dir(self) -> tuple[str, JobPaths]: ...
-
-    @abc.abstractmethod
-    def remove_job_dir(self, job_id: str) -> None: ...
-
-    @abc.abstractmethod
-    def job_ids(self) -> Iterator[str]: ...
-
-    @abc.abstractmethod
-    def writable(self) -> bool: ...
-
-
-class LocalStorage(Storage):
-    """Job folders under `<data_dir>/jobs/<uuid>/`."""
+    Besides its files a job has a local state folder, `paths(job_id)` (job.json, events, owner,
+    locks: the parts the database takes over), always under DATA_DIR/jobs. Code that computes on
+    files works in `work_dir(job_id)`: `pull` fills it from storage, `push` stores what was made
+    there. `LocalStorage` keeps the files in the state folder itself, so work_dir is that folder
+    and pull/push cost nothing; `S3Storage` (core/s3_storage.py) keeps them in a bucket and
+    work_dir is a local scratch copy."""
 
     def __init__(self, data_dir: Path):
         self.data_dir = Path(data_dir).resolve()
         self.jobs_dir = self.data_dir / "jobs"
 
+    # -- the job's local state folder ----------------------------------------------------------
     def ensure(self) -> None:
+        """Create the folders the store needs."""
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
 
     def paths(self, job_id: str) -> JobPaths:
+        """The job's local state folder (job.json, events, owner, cancel flag, locks)."""
         return JobPaths(self.jobs_dir / parse_job_id(job_id))
 
     def new_job_dir(self) -> tuple[str, JobPaths]:
+        """A new job id with its state folder created."""
         self.ensure()
         job_id = str(uuid.uuid4())
         paths = self.paths(job_id)
@@ -180,9 +212,11 @@ class LocalStorage(Storage):
         return job_id, paths
 
     def remove_job_dir(self, job_id: str) -> None:
-        shutil.rmtree(self.paths(job_id).root, ignore_errors=True)
+        """The job's files and local folders removed (`delete_job`)."""
+        self.delete_job(job_id)
 
     def job_ids(self) -> Iterator[str]:
+        """Ids of the jobs whose state folder holds a job.json."""
         if not self.jobs_dir.is_dir():
             return
         for entry in os.scandir(self.jobs_dir):
@@ -193,6 +227,7 @@ class LocalStorage(Storage):
                     continue
 
     def writable(self) -> bool:
+        """The state folders can be written (the readiness probe)."""
         try:
             self.ensure()
             probe = self.data_dir / f".probe-{uuid.uuid4().hex}"
@@ -202,9 +237,212 @@ class LocalStorage(Storage):
         except OSError:
             return False
 
+    # -- files ---------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def put_file(self, job_id: str, key: str, src: Path) -> None:
+        """Store the file `src` as `key` (readers see the old object or the new one)."""
 
-def get_storage(settings) -> LocalStorage:
-    return LocalStorage(settings.data_dir)
+    @abc.abstractmethod
+    def put_bytes(self, job_id: str, key: str, data: bytes) -> None:
+        """Store `data` as `key` (readers see the old object or the new one)."""
+
+    @abc.abstractmethod
+    def get_bytes(self, job_id: str, key: str) -> bytes:
+        """The object's bytes; FileNotFoundError if there is none."""
+
+    @abc.abstractmethod
+    def download(self, job_id: str, key: str, dest: Path) -> None:
+        """Write the object to `dest` (parents created, replaced whole); FileNotFoundError."""
+
+    @abc.abstractmethod
+    def open_read(self, job_id: str, key: str) -> BinaryIO:
+        """A streaming reader of the object (close it); FileNotFoundError if there is none."""
+
+    @abc.abstractmethod
+    def list(self, job_id: str, prefix: str = "") -> list[ObjectInfo]:
+        """The job's objects whose key starts with `prefix`, sorted by key."""
+
+    @abc.abstractmethod
+    def exists(self, job_id: str, key: str) -> bool:
+        """Whether the object exists."""
+
+    @abc.abstractmethod
+    def delete(self, job_id: str, key: str) -> None:
+        """Remove the object; no error if it is absent."""
+
+    @abc.abstractmethod
+    def delete_job(self, job_id: str) -> None:
+        """Remove every object of the job, its working copy and its local state folder."""
+
+    @abc.abstractmethod
+    def presigned_url(
+        self, job_id: str, key: str, expires_s: int = 900, filename: str | None = None
+    ) -> str | None:
+        """A URL that serves the object for `expires_s` seconds without credentials, as an
+        attachment named `filename`; None where the backend has no such URLs (local)."""
+
+    @abc.abstractmethod
+    def work_dir(self, job_id: str) -> JobPaths:
+        """The job's local working copy (keys are paths relative to its root)."""
+
+    @abc.abstractmethod
+    def pull(self, job_id: str, prefix: str) -> None:
+        """Make work_dir hold the objects under `prefix` (only missing or changed ones move)."""
+
+    @abc.abstractmethod
+    def push(self, job_id: str, relpath: str) -> None:
+        """Store the file or folder (recursively) at `relpath` under work_dir as objects of the
+        same keys."""
+
+    def stored_bytes(self, job_id: str) -> int:
+        """Bytes the job's files take in storage (quotas)."""
+        return sum(o.size for o in self.list(job_id))
+
+    def local_path(self, job_id: str, key: str) -> Path | None:
+        """The object as a regular local file, where the backend keeps it so (served directly,
+        with ranges); None otherwise or when absent."""
+        return None
+
+    def evict(self, job_id: str) -> None:
+        """Drop the job's local working copy where it is only a cache (nothing is lost)."""
+        return None
+
+
+class LocalStorage(Storage):
+    """Job files in the state folder itself, `<root>/jobs/<uuid>/<key>` (root: DATA_DIR unless
+    STORAGE_URL=file:///root)."""
+
+    def __init__(self, data_dir: Path, root: Path | None = None):
+        super().__init__(data_dir)
+        if root is not None:
+            self.jobs_dir = Path(root).resolve() / "jobs"
+
+    def _file(self, job_id: str, key: str) -> Path:
+        return self.paths(job_id).root / check_key(key)
+
+    def _readable(self, job_id: str, key: str) -> Path:
+        """The object's file, refused (FileNotFoundError) when it is missing, not a regular file,
+        or reached through a link that leaves the job's folder."""
+        path = self._file(job_id, key)
+        root = self.paths(job_id).root.resolve()
+        try:
+            real = path.resolve(strict=True)
+        except (OSError, RuntimeError):
+            raise FileNotFoundError(f"{key}: no such object") from None
+        if not real.is_relative_to(root) or not real.is_file():
+            raise FileNotFoundError(f"{key}: no such object")
+        return real
+
+    def put_file(self, job_id: str, key: str, src: Path) -> None:
+        dest = self._file(job_id, key)
+        if dest.exists() and os.path.samefile(src, dest):
+            return
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def put_bytes(self, job_id: str, key: str, data: bytes) -> None:
+        atomic_write_bytes(self._file(job_id, key), data)
+
+    def get_bytes(self, job_id: str, key: str) -> bytes:
+        return self._readable(job_id, key).read_bytes()
+
+    def download(self, job_id: str, key: str, dest: Path) -> None:
+        src = self._readable(job_id, key)
+        dest = Path(dest)
+        if dest.exists() and os.path.samefile(src, dest):
+            return
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def open_read(self, job_id: str, key: str) -> BinaryIO:
+        return open(self._readable(job_id, key), "rb")
+
+    def list(self, job_id: str, prefix: str = "") -> list[ObjectInfo]:
+        check_prefix(prefix)
+        root = self.paths(job_id).root
+        start = root / prefix.rsplit("/", 1)[0] if "/" in prefix else root
+        out = []
+        for dirpath, dirs, files in os.walk(start):
+            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(dirpath, d))]
+            for name in files:
+                path = os.path.join(dirpath, name)
+                key = os.path.relpath(path, root).replace(os.sep, "/")
+                if not key.startswith(prefix):
+                    continue
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    out.append(ObjectInfo(key, st.st_size, st.st_mtime))
+        return sorted(out, key=lambda o: o.key)
+
+    def exists(self, job_id: str, key: str) -> bool:
+        try:
+            self._readable(job_id, key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def delete(self, job_id: str, key: str) -> None:
+        self._file(job_id, key).unlink(missing_ok=True)
+
+    def delete_job(self, job_id: str) -> None:
+        shutil.rmtree(self.paths(job_id).root, ignore_errors=True)
+
+    def presigned_url(
+        self, job_id: str, key: str, expires_s: int = 900, filename: str | None = None
+    ) -> str | None:
+        return None
+
+    def work_dir(self, job_id: str) -> JobPaths:
+        return self.paths(job_id)
+
+    def pull(self, job_id: str, prefix: str) -> None:
+        check_prefix(prefix)
+
+    def push(self, job_id: str, relpath: str) -> None:
+        if not (self.paths(job_id).root / check_key(relpath)).exists():
+            raise FileNotFoundError(f"{relpath}: not in the job's working copy")
+
+    def stored_bytes(self, job_id: str) -> int:
+        return _file_bytes(self.paths(job_id).root)
+
+    def local_path(self, job_id: str, key: str) -> Path | None:
+        try:
+            return self._readable(job_id, key)
+        except FileNotFoundError:
+            return None
+
+
+def get_storage(settings) -> Storage:
+    """The backend STORAGE_URL names: unset -> LocalStorage under DATA_DIR, `file:///root` ->
+    LocalStorage under root, `s3://bucket/prefix` -> S3Storage (one per process and URL)."""
+    url = settings.storage_url
+    if not url:
+        return LocalStorage(settings.data_dir)
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        return LocalStorage(settings.data_dir, Path(unquote(parsed.path)))
+    if parsed.scheme == "s3":
+        from core.s3_storage import s3_storage
+
+        return s3_storage(settings)
+    raise ValueError(f"STORAGE_URL {url!r}: use file:///path or s3://bucket/prefix")
 
 
 # An absolute path in an exception's text (FileNotFoundError and the like) shows clients the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.s3 import s3_bucket, s3_server  # noqa: F401  (fixtures)
 from tests.support.stack import png_bytes, stack_maker
 
 
