@@ -67,3 +67,6 @@ class JobList(BaseModel):
     total: int
     limit: int
     offset: int
+    next_cursor: str | None = Field(
+        None, description="pass as `cursor` for the next page; null on the last page"
+    )

@@ -1,29 +1,40 @@
-"""JobStore: job.json read/modify/write plus the events.jsonl log, shared by API and worker.
+"""JobStore: job state and the per-job event log in the database (core/db/jobs.py), shared by the
+API and the workers.
 
-The API (cancel) and the worker (progress, status) both write job.json, so every
-read-modify-write holds an flock on the job's `.lock` file; the write itself is atomic so
-lock-free readers never see half a file.
+Every change is one transaction that locks the job's row first (`SELECT ... FOR UPDATE` on
+PostgreSQL, SQLite's write lock from BEGIN IMMEDIATE), so an API replica cancelling and a worker
+writing progress never lose each other's update. An event is inserted in the same transaction
+as the change it reports, numbered from the row's `last_seq`: seqs per job grow strictly, which
+is what an SSE stream's Last-Event-ID resumes from. On PostgreSQL the transaction also sends
+NOTIFY on core.db.notify's CHANNEL with the job id, delivered at commit, to wake event streams
+(core/db/notify.py).
+
+The job's files (uploads, dataset, checkpoints, artifacts) stay in storage; only state is here.
 """
 
 from __future__ import annotations
 
-import fcntl
+import base64
 import json
 import logging
-import os
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+import time
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
+from sqlalchemy import delete, func, select, text, tuple_, update
+from sqlalchemy.orm import Session
+
 from api_schemas.jobs import Job, JobKind, JobStatus, Progress
-from core.storage import JobPaths, LocalStorage, atomic_write_json
+from core.db import migrate
+from core.db.engine import database_url, engine_for_url, session
+from core.db.jobs import RESERVED, JobEventRow, JobRow
+from core.db.notify import CHANNEL
 
 log = logging.getLogger(__name__)
-# Called with the job after each status event is logged, outside the job's lock: webhook
-# deliveries (core/webhooks.py) and metrics (core/metrics.py). One that raises is logged and
-# never fails the status write.
+# Called with the job after each status event is logged, once its transaction has committed:
+# webhook deliveries (core/webhooks.py) and metrics (core/metrics.py). One that raises is logged
+# and never fails the status write.
 StatusListener = Callable[[Job], None]
 
 
@@ -31,14 +42,86 @@ class JobNotFound(KeyError):
     pass
 
 
+class BadCursor(ValueError):
+    """A listing cursor this server did not make."""
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def _to_job(row: JobRow) -> Job:
+    return Job(
+        id=row.id,
+        kind=row.kind,
+        status=row.status,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        config=row.config or {},
+        progress=Progress.model_validate(row.progress or {}),
+        metrics=row.metrics or {},
+        error=row.error,
+        dataset=row.dataset or {},
+    )
+
+
+def encode_cursor(job: Job) -> str:
+    """The opaque listing cursor after `job`: its (created_at, id), base64url JSON."""
+    raw = json.dumps([job.created_at.isoformat(), job.id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        stamp, job_id = json.loads(raw)
+        at = datetime.fromisoformat(stamp)
+        if at.tzinfo is None or not isinstance(job_id, str):
+            raise ValueError
+        return at.astimezone(UTC), job_id
+    except (ValueError, TypeError):
+        raise BadCursor(f"not a cursor of this listing: {cursor[:40]!r}") from None
+
+
+class CancelFlag:
+    """`store.cancel_requested(job_id)` as a callable for loops that poll it every step: the
+    database is asked at most every `every_s` seconds, and a raised flag stays raised."""
+
+    def __init__(self, store: JobStore, job_id: str, every_s: float = 0.5):
+        self.store, self.job_id, self.every_s = store, job_id, every_s
+        self._raised = False
+        self._next = 0.0
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if not self._raised and now >= self._next:
+            self._raised = self.store.cancel_requested(self.job_id)
+            self._next = now + self.every_s
+        return self._raised
+
+
 class JobStore:
-    def __init__(self, storage: LocalStorage, listeners: Sequence[StatusListener] = ()):
+    def __init__(
+        self,
+        storage,
+        listeners: Sequence[StatusListener] = (),
+        settings=None,
+        url: str | None = None,
+    ):
+        """`url`, else `settings`' database (DATABASE_URL), else the SQLite file under the
+        storage's DATA_DIR. Migrations are applied once per process and database."""
         self.storage = storage
         self.listeners = list(listeners)
+        if url is None and settings is None:
+            from core.settings import get_settings
+
+            url = get_settings().database_url or f"sqlite:///{storage.data_dir / 'service.db'}"
+        if url is None:
+            url = database_url(settings)
+        self.url = url
+        migrate.ensure(url)
+        self.engine = engine_for_url(url)
+        self._pg = self.engine.dialect.name == "postgresql"
 
     def _notify(self, job: Job) -> None:
         for listener in self.listeners:
@@ -47,26 +130,22 @@ class JobStore:
             except Exception:
                 log.exception("status listener failed for job %s", job.id)
 
-    # -- locking -----------------------------------------------------------------------
-    @contextmanager
-    def _locked(self, paths: JobPaths) -> Iterator[None]:
-        if not paths.root.is_dir():
-            raise JobNotFound(paths.root.name)
-        with open(paths.lock, "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+    def _session(self, write: bool = False):
+        return session(engine=self.engine, write=write)
 
     # -- reads -------------------------------------------------------------------------
     def get(self, job_id: str) -> Job:
-        paths = self.storage.paths(job_id)
-        try:
-            data = paths.job_json.read_bytes()
-        except (FileNotFoundError, NotADirectoryError):
-            raise JobNotFound(job_id) from None
-        return Job.model_validate_json(data)
+        with self._session() as s:
+            row = s.get(JobRow, job_id)
+            if row is None or row.status == RESERVED:
+                raise JobNotFound(job_id)
+            return _to_job(row)
+
+    def exists(self, job_id: str) -> bool:
+        """Whether the job has been made (a reserved upload is not yet)."""
+        with self._session() as s:
+            status = s.scalar(select(JobRow.status).where(JobRow.id == job_id))
+        return status is not None and status != RESERVED
 
     def list(
         self,
@@ -74,24 +153,83 @@ class JobStore:
         offset: int = 0,
         status: JobStatus | None = None,
         kind: JobKind | None = None,
+        owner: str | None = None,
+        cursor: str | None = None,
     ) -> tuple[list[Job], int]:
-        jobs = []
-        for job_id in self.storage.job_ids():
-            try:
-                job = self.get(job_id)
-            except (JobNotFound, ValueError):
-                continue  # removed meanwhile, or being written for the first time
-            if status is not None and job.status != status:
-                continue
-            if kind is not None and job.kind != kind:
-                continue
-            jobs.append(job)
-        jobs.sort(key=lambda j: (j.created_at, j.id), reverse=True)
-        return jobs[offset : offset + limit], len(jobs)
+        """Jobs newest first (of `owner` when given) and how many match in all. `cursor` (from
+        `encode_cursor` of the last job of a page) continues after that job through the
+        (owner, created_at, id) index: jobs made meanwhile never shift the pages."""
+        conds = [JobRow.status != RESERVED]
+        if owner is not None:
+            conds.append(JobRow.owner == owner)
+        if status is not None:
+            conds.append(JobRow.status == JobStatus(status).value)
+        if kind is not None:
+            conds.append(JobRow.kind == JobKind(kind).value)
+        with self._session() as s:
+            total = s.scalar(select(func.count()).select_from(JobRow).where(*conds)) or 0
+            q = select(JobRow).where(*conds)
+            if cursor is not None:
+                at, last_id = decode_cursor(cursor)
+                q = q.where(tuple_(JobRow.created_at, JobRow.id) < tuple_(at, last_id))
+            q = q.order_by(JobRow.created_at.desc(), JobRow.id.desc())
+            if cursor is None and offset:
+                q = q.offset(offset)
+            rows = s.scalars(q.limit(limit)).all()
+            return [_to_job(r) for r in rows], total
+
+    def owner_of(self, job_id: str) -> str | None:
+        """The key id that owns the job (also while its upload is being admitted)."""
+        with self._session() as s:
+            return s.scalar(select(JobRow.owner).where(JobRow.id == job_id))
+
+    def cancel_requested(self, job_id: str) -> bool:
+        with self._session() as s:
+            return bool(s.scalar(select(JobRow.cancel_requested).where(JobRow.id == job_id)))
+
+    def active_count(self, owner: str) -> int:
+        """The owner's queued, running and still-uploading (reserved) jobs."""
+        live = (JobStatus.queued.value, JobStatus.running.value, RESERVED)
+        with self._session() as s:
+            return (
+                s.scalar(
+                    select(func.count())
+                    .select_from(JobRow)
+                    .where(JobRow.owner == owner, JobRow.status.in_(live))
+                )
+                or 0
+            )
 
     # -- writes ------------------------------------------------------------------------
+    def reserve(self, job_id: str, owner: str | None) -> None:
+        """A row for a job whose upload is being read: its owner is recorded before anything
+        else, and it stays invisible to get/list until `create`."""
+        now = utcnow()
+        with self._session(write=True) as s:
+            s.add(
+                JobRow(
+                    id=job_id,
+                    kind=None,
+                    status=RESERVED,
+                    owner=owner,
+                    created_at=now,
+                    updated_at=now,
+                    config={},
+                    dataset={},
+                    metrics={},
+                    progress={},
+                    cancel_requested=False,
+                    last_seq=0,
+                )
+            )
+
     def create(
-        self, job_id: str, kind: str, config: dict[str, Any], dataset: dict[str, Any]
+        self,
+        job_id: str,
+        kind: str,
+        config: dict[str, Any],
+        dataset: dict[str, Any],
+        owner: str | None = None,
     ) -> Job:
         now = utcnow()
         job = Job(
@@ -103,29 +241,39 @@ class JobStore:
             config=config,
             dataset=dataset,
         )
-        paths = self.storage.paths(job_id)
-        with self._locked(paths):
-            self._write(paths, job)
-            self._append_event(paths, "status", self._status_data(job))
+        with self._session(write=True) as s:
+            row = self._lock_row(s, job_id, reserved_ok=True)
+            if row is None:
+                row = JobRow(id=job_id, owner=owner, cancel_requested=False, last_seq=0)
+                s.add(row)
+            elif row.status != RESERVED:
+                raise ValueError(f"job {job_id} exists already")
+            if owner is not None:
+                row.owner = owner
+            self._fill(row, job)
+            row.created_at = now
+            s.flush()
+            self._append_event(s, row, "status", self._status_data(job))
         self._notify(job)
         return job
 
     def update(
         self, job_id: str, fn: Callable[[Job], Job | None], status_event: bool = False
     ) -> Job:
-        """Apply `fn` to the current job under the lock; `fn` returning None means no change.
-        A status event is logged when the status changes, or on any change with status_event."""
-        paths = self.storage.paths(job_id)
-        with self._locked(paths):
-            job = self.get(job_id)
+        """Apply `fn` to the current job inside one transaction holding the row's lock; `fn`
+        returning None means no change. A status event is logged when the status changes, or on
+        any change with status_event."""
+        with self._session(write=True) as s:
+            row = self._lock_row(s, job_id)
+            job = _to_job(row)
             new = fn(job.model_copy(deep=True))
             if new is None:
                 return job
             new.updated_at = utcnow()
-            self._write(paths, new)
+            self._fill(row, new)
             logged = new.status != job.status or status_event
             if logged:
-                self._append_event(paths, "status", self._status_data(new))
+                self._append_event(s, row, "status", self._status_data(new))
         if logged:
             self._notify(new)
         return new
@@ -152,32 +300,69 @@ class JobStore:
         return self.update(job_id, change)
 
     def set_progress(self, job_id: str, progress: Progress) -> Job:
-        paths = self.storage.paths(job_id)
-        with self._locked(paths):
-            job = self.get(job_id)
-            job.progress = progress
+        data = progress.model_dump(mode="json")
+        with self._session(write=True) as s:
+            row = self._lock_row(s, job_id)
+            row.progress = data
+            row.updated_at = utcnow()
+            self._append_event(s, row, "progress", data)
+            return _to_job(row)
+
+    def request_cancel(self, job_id: str) -> Job:
+        """Raise the job's cancel flag (a running trainer polls it, a worker picking the task up
+        checks it) and cancel a still-queued job on the spot, in one transaction."""
+        with self._session(write=True) as s:
+            row = self._lock_row(s, job_id)
+            row.cancel_requested = True
+            job = _to_job(row)
+            if job.status != JobStatus.queued:
+                return job
+            job.status = JobStatus.cancelled
             job.updated_at = utcnow()
-            self._write(paths, job)
-            self._append_event(paths, "progress", progress.model_dump(mode="json"))
-            return job
+            self._fill(row, job)
+            self._append_event(s, row, "status", self._status_data(job))
+        self._notify(job)
+        return job
+
+    def rename_owner(self, old: str, new: str) -> int:
+        """Move every job of key id `old` to `new`; returns how many moved."""
+        with self._session(write=True) as s:
+            return s.execute(update(JobRow).where(JobRow.owner == old).values(owner=new)).rowcount
+
+    def delete(self, job_id: str) -> None:
+        """Remove the job's row and its events (its files are the storage's)."""
+        with self._session(write=True) as s:
+            s.execute(delete(JobEventRow).where(JobEventRow.job_id == job_id))
+            s.execute(delete(JobRow).where(JobRow.id == job_id))
 
     # -- events ------------------------------------------------------------------------
-    def events(self, job_id: str, after: int = 0) -> list[dict[str, Any]]:
-        """Events with id > after (what an SSE stream replays after Last-Event-ID)."""
-        paths = self.storage.paths(job_id)
-        out = []
-        try:
-            with open(paths.events, "rb") as fh:
-                for line in fh:
-                    try:
-                        ev = json.loads(line)
-                    except ValueError:
-                        continue  # a line being appended right now
-                    if ev.get("id", 0) > after:
-                        out.append(ev)
-        except FileNotFoundError:
-            pass
-        return out
+    def events(self, job_id: str, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        """Events with id > after, oldest first (what an SSE stream replays after
+        Last-Event-ID), each {"id", "event", "data"}."""
+        with self._session() as s:
+            return self._events(s, job_id, after, limit)
+
+    def poll(
+        self, job_id: str, after: int = 0, limit: int | None = None
+    ) -> tuple[list[dict[str, Any]], Job | None]:
+        """Events after `after` and the job, read in one transaction (so a terminal job's
+        status event is among the events or before `after`); job None once deleted."""
+        with self._session() as s:
+            row = s.get(JobRow, job_id)
+            if row is None or row.status == RESERVED:
+                return [], None
+            return self._events(s, job_id, after, limit), _to_job(row)
+
+    @staticmethod
+    def _events(s: Session, job_id: str, after: int, limit: int | None) -> list[dict[str, Any]]:
+        q = (
+            select(JobEventRow.seq, JobEventRow.event, JobEventRow.data)
+            .where(JobEventRow.job_id == job_id, JobEventRow.seq > after)
+            .order_by(JobEventRow.seq)
+        )
+        if limit is not None:
+            q = q.limit(limit)
+        return [{"id": seq, "event": ev, "data": data} for seq, ev, data in s.execute(q)]
 
     # -- internals ---------------------------------------------------------------------
     @staticmethod
@@ -190,35 +375,37 @@ class JobStore:
         }
 
     @staticmethod
-    def _write(paths: JobPaths, job: Job) -> None:
-        atomic_write_json(paths.job_json, job.model_dump(mode="json"))
+    def _lock_row(s: Session, job_id: str, reserved_ok: bool = False) -> JobRow | None:
+        row = s.scalars(select(JobRow).where(JobRow.id == job_id).with_for_update()).one_or_none()
+        if reserved_ok:
+            return row
+        if row is None or row.status == RESERVED:
+            raise JobNotFound(job_id)
+        return row
 
     @staticmethod
-    def _last_event_id(path: Path) -> int:
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                size = fh.tell()
-                fh.seek(max(0, size - 4096))
-                lines = fh.read().splitlines()
-        except FileNotFoundError:
-            return 0
-        for line in reversed(lines):
-            try:
-                return int(json.loads(line)["id"])
-            except (ValueError, KeyError, TypeError):
-                continue
-        return 0
+    def _fill(row: JobRow, job: Job) -> None:
+        data = job.model_dump(mode="json")
+        row.kind = data["kind"]
+        row.status = data["status"]
+        row.updated_at = job.updated_at
+        row.config = data["config"]
+        row.dataset = data["dataset"]
+        row.metrics = data["metrics"]
+        row.progress = data["progress"]
+        row.error = job.error
 
-    def _append_event(self, paths: JobPaths, event: str, data: dict[str, Any]) -> None:
-        # Caller holds the lock, so ids stay strictly increasing.
-        ev = {"id": self._last_event_id(paths.events) + 1, "event": event, "data": data}
-        with open(paths.events, "ab") as fh:
-            end = fh.tell()
-            try:
-                fh.write((json.dumps(ev, default=str) + "\n").encode())
-                fh.flush()
-            except OSError:
-                # A torn line (full disk) would also swallow the next event appended after it.
-                fh.truncate(end)
-                raise
+    def _append_event(self, s: Session, row: JobRow, event: str, data: dict[str, Any]) -> None:
+        # The row is locked by this transaction, so the seq cannot be taken twice.
+        row.last_seq = (row.last_seq or 0) + 1
+        s.add(
+            JobEventRow(
+                job_id=row.id,
+                seq=row.last_seq,
+                event=event,
+                data=json.loads(json.dumps(data, default=str)),
+                created_at=utcnow(),
+            )
+        )
+        if self._pg:
+            s.execute(text("SELECT pg_notify(:ch, :id)"), {"ch": CHANNEL, "id": row.id})

@@ -13,6 +13,7 @@ from fastapi.routing import APIRoute, iter_route_contexts
 
 import service.api.routes as routes_pkg
 from core import metrics, webhooks
+from core.db.notify import make_waker
 from core.logs import use_json
 from core.settings import Settings, get_settings
 from core.storage import get_storage
@@ -134,16 +135,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     storage.ensure()
     app.state.settings = settings
     app.state.storage = storage
-    app.state.store = JobStore(
-        storage, listeners=[webhooks.status_recorder(storage), metrics.status_listener]
+    app.state.store = JobStore(  # applies the database migrations
+        storage,
+        listeners=[webhooks.status_recorder(storage), metrics.status_listener],
+        settings=settings,
     )
+    app.state.event_waker = make_waker(app.state.store.url)
     app.state.state_collector = StateCollector(app.state.store, settings)
     app.state.queue = TaskQueue(make_client(settings), settings)
     app.state.quotas = Quotas(storage, app.state.store, settings)
     app.state.quotas.index.build_once()
     app.state.stream_slots = make_stream_slots(settings)  # MAX_STREAMS_PER_KEY, Redis-shared
     app.state.keys = KeyRing.from_settings(settings)
-    if moved := app.state.quotas.index.rename_keys(app.state.keys.renames):
+    renames = {old: new for old, new in app.state.keys.renames.items() if old != new}
+    owned = sum(app.state.store.rename_owner(old, new) for old, new in renames.items())
+    if moved := max(owned, app.state.quotas.index.rename_keys(renames)):
         log.info("moved %d jobs from unsalted key ids to HMAC key ids (service/auth.py)", moved)
     install_log_redaction()
     if settings.log_format == "json":

@@ -1,10 +1,10 @@
 """API keys: bearer tokens from API_KEYS / API_KEYS_FILE, and which key owns which job.
 
-A key is `token` or `name:token`. A job records its owner as the key's id in `<job>/owner`;
-any other key is told the job does not exist (404), so job ids leak nothing across keys. The id
-is HMAC-SHA256 of the token under a server secret (`h-` + 32 hex digits): KEY_ID_SECRET, else
+A key is `token` or `name:token`. A job records its owner as the key's id (the jobs table's
+`owner` column, core/store.py); any other key is told the job does not exist (404), so job ids
+leak nothing across keys. The id is HMAC-SHA256 of the token under a server secret (`h-` + 32 hex digits): KEY_ID_SECRET, else
 one the deployment makes once in `DATA_DIR/keys/.id-secret` (mode 0600, shared by replicas on
-the same DATA_DIR), so ids on disk cannot be checked against guessed tokens offline. Jobs and
+the same DATA_DIR), so stored ids cannot be checked against guessed tokens offline. Jobs and
 index entries of the unsalted ids of earlier versions (`k-` + sha256(token)[:24]) are moved to
 the new id at start (`KeyRing.renames`, service/quotas.py `KeyIndex.rename_key`). Tokens are
 compared as SHA-256 digests with hmac.compare_digest against every configured key (no early
@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.storage import JobPaths, atomic_write_bytes
+from core.store import JobStore
 
 log = logging.getLogger(__name__)
 
@@ -152,23 +152,18 @@ def bearer_token(authorization: str | None) -> str | None:
 
 
 # -- ownership -------------------------------------------------------------------------------
-OWNER_FILE = "owner"
+def record_owner(store: JobStore, job_id: str, key: ApiKey) -> None:
+    """Reserve the job's row for `key` before its upload is read: never visible ownerless."""
+    store.reserve(job_id, key.id)
 
 
-def record_owner(paths: JobPaths, key: ApiKey) -> None:
-    atomic_write_bytes(paths.root / OWNER_FILE, key.id.encode())
+def owner_of(store: JobStore, job_id: str) -> str | None:
+    return store.owner_of(job_id)
 
 
-def owner_of(paths: JobPaths) -> str | None:
-    try:
-        return (paths.root / OWNER_FILE).read_text().strip() or None
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-
-
-def owns(paths: JobPaths, key: ApiKey) -> bool:
-    owner = owner_of(paths)
-    # A job without an owner file (made before keys existed) belongs to nobody.
+def owns(store: JobStore, job_id: str, key: ApiKey) -> bool:
+    owner = owner_of(store, job_id)
+    # A job without an owner (made before keys existed) belongs to nobody.
     return owner is not None and hmac.compare_digest(owner.encode(), key.id.encode())
 
 

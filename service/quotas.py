@@ -27,12 +27,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 from api_schemas.jobs import Job, JobStatus
-from core.storage import JobPaths, LocalStorage, atomic_write_bytes, atomic_write_json
+from core.storage import JobPaths, LocalStorage, atomic_write_json
 from core.store import JobNotFound, JobStore
-from service.auth import OWNER_FILE, ApiKey, record_owner
+from service.auth import ApiKey, record_owner
 
 log = logging.getLogger(__name__)
 HOUR = 3600.0
+# Where versions before the jobs table recorded a job's owner; read only to index such jobs.
+OWNER_FILE = "owner"
 
 
 class Admission(NamedTuple):
@@ -115,12 +117,6 @@ class KeyIndex:
         moved = 0
         jobs = src / "jobs"
         for entry in sorted(jobs.iterdir()) if jobs.is_dir() else []:
-            owner = self.storage.paths(entry.name.partition("-")[2]).root / OWNER_FILE
-            try:
-                if owner.read_text().strip() == old:
-                    atomic_write_bytes(owner, new.encode())
-            except (FileNotFoundError, NotADirectoryError):
-                pass
             self.folder(new).mkdir(parents=True, exist_ok=True)
             try:
                 os.replace(entry, self.folder(new) / entry.name)
@@ -267,7 +263,7 @@ class Quotas:
                     f"(QUOTA_STORED_MB); delete finished jobs first",
                 )
             job_id, paths = self.storage.new_job_dir()
-            record_owner(paths, key)  # before job.json exists: never visible ownerless
+            record_owner(self.store, job_id, key)  # before the job exists: never ownerless
             self.index.add(key.id, job_id)
             self._record(key.id, now, window, job_id)
             return Admission(job_id, paths, cap - used)

@@ -9,6 +9,7 @@ on SQLite the first DDL statement takes the database's write lock, and a second 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -62,6 +63,19 @@ def upgrade_url(url: str, revision: str = "head") -> None:
                 raise
             log.info("migration raced another process (%s); retrying", exc.orig)
             time.sleep(0.2 * (attempt + 1))
+
+
+_done: set[str] = set()
+_done_lock = threading.Lock()
+
+
+def ensure(url: str) -> None:
+    """`upgrade_url(url)` once per process (every JobStore calls it; the first one migrates)."""
+    with _done_lock:
+        if url in _done:
+            return
+        upgrade_url(url)
+        _done.add(url)
 
 
 def upgrade(settings=None, revision: str = "head") -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPBearer
 
 from api_schemas.jobs import Job
@@ -70,9 +71,9 @@ async def require_job_owner(request: Request, key: ApiKey = Depends(require_key)
     """A job of another key is answered exactly like a missing one. Only for routes whose path
     has {job_id} (app.py checks that at start-up)."""
     raw = request.path_params["job_id"]
-    storage: LocalStorage = request.app.state.storage
+    store: JobStore = request.app.state.store
     job_id = job_id_param(raw)
-    if not owns(storage.paths(job_id), key):
+    if not await run_in_threadpool(owns, store, job_id, key):
         raise HTTPException(404, f"job {job_id} not found")
 
 

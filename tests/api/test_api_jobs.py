@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,9 +15,7 @@ LONG = {"steps": 100_000, "resolution": 16}
 
 
 def _events(stack, job_id):
-    return [
-        json.loads(x) for x in (stack.job_dir(job_id) / "events.jsonl").read_text().splitlines()
-    ]
+    return stack.events(job_id)
 
 
 def test_list_is_newest_first_and_paginated(stack_factory):

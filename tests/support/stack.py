@@ -232,6 +232,21 @@ class Stack:
     def job_dir(self, job_id: str) -> Path:
         return self.data_dir / "jobs" / job_id
 
+    @property
+    def database_url(self) -> str:
+        return self.env.get("DATABASE_URL") or f"sqlite:///{self.data_dir.resolve()}/service.db"
+
+    def store(self):
+        """A JobStore on the stack's database (what the API and its workers write)."""
+        from core.storage import LocalStorage
+        from core.store import JobStore
+
+        return JobStore(LocalStorage(self.data_dir), url=self.database_url)
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's logged events, oldest first: {"id", "event", "data"}."""
+        return self.store().events(job_id)
+
     def job_dirs(self) -> list[Path]:
         jobs = self.data_dir / "jobs"
         return sorted(jobs.iterdir()) if jobs.is_dir() else []

@@ -16,7 +16,7 @@ from api_schemas.jobs import Job, JobKind, JobList, JobStatus
 from core.metrics import quota_refused
 from core.settings import Settings
 from core.storage import LocalStorage
-from core.store import JobNotFound, JobStore
+from core.store import BadCursor, JobNotFound, JobStore, encode_cursor
 from service.api.deps import (
     GUARDS,
     OWNER,
@@ -133,6 +133,14 @@ def _finish_intake(
     return store.create(job_id, spec.name, effective, info)
 
 
+def _discard(store: JobStore, storage: LocalStorage, job_id: str) -> None:
+    """Undo an admission: the job's row (reserved or made) and its folder."""
+    try:
+        store.delete(job_id)
+    finally:
+        storage.remove_job_dir(job_id)
+
+
 @router.post(
     "",
     status_code=202,
@@ -199,44 +207,54 @@ async def create_job(
             _finish_intake, spec, cfg, upload, job_id, paths, store, settings
         )
     except IntakeError as exc:
-        storage.remove_job_dir(job_id)
+        _discard(store, storage, job_id)
         raise HTTPException(exc.status_code, exc.detail) from None
-    except HTTPException:
-        storage.remove_job_dir(job_id)
-        raise
     except BaseException:
-        storage.remove_job_dir(job_id)
+        _discard(store, storage, job_id)
         raise
     try:
         await run_in_threadpool(queue.send_first, job)
     except Exception as exc:
         log.exception("could not enqueue job %s", job_id)
-        storage.remove_job_dir(job_id)
+        _discard(store, storage, job_id)
         raise HTTPException(503, f"the job queue is unavailable ({type(exc).__name__})") from None
     return job
 
 
 @router.get("", response_model=JobList, summary="List jobs, newest first")
 def list_jobs(
-    request: Request,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, description="skip this many (use `cursor` instead)")] = 0,
+    cursor: Annotated[
+        str | None,
+        Query(max_length=200, description="`next_cursor` of the previous page"),
+    ] = None,
     status: JobStatus | None = None,
     kind: JobKind | None = None,
     store: JobStore = Depends(get_store),
-    storage: LocalStorage = Depends(get_storage),
     key: ApiKey = Depends(current_key),
 ) -> JobList:
-    # The key's own index: other keys' jobs are never read.
-    mine = [
-        job
-        for _, job in request.app.state.quotas.jobs_of(key.id)
-        if job is not None
-        and (status is None or job.status == status)
-        and (kind is None or job.kind == kind)
-    ]
-    mine.sort(key=lambda j: (j.created_at, j.id), reverse=True)
-    return JobList(items=mine[offset : offset + limit], total=len(mine), limit=limit, offset=offset)
+    # The key's own jobs through the (owner, created_at, id) index: other keys' are never read.
+    try:
+        jobs, total = store.list(
+            limit=limit + 1,
+            offset=0 if cursor else offset,
+            status=status,
+            kind=kind,
+            owner=key.id,
+            cursor=cursor,
+        )
+    except BadCursor as exc:
+        raise HTTPException(422, str(exc)) from None
+    page = jobs[:limit]
+    more = len(jobs) > limit
+    return JobList(
+        items=page,
+        total=total,
+        limit=limit,
+        offset=0 if cursor else offset,
+        next_cursor=encode_cursor(page[-1]) if more else None,
+    )
 
 
 @router.get(
@@ -265,12 +283,10 @@ def cancel_job(
     job = load_job(store, job_id)
     if job.status.terminal:
         raise HTTPException(409, f"job is already {job.status.value}")
-    paths = storage.paths(job.id)
-    # The flag reaches a running trainer (it polls every step) and a worker that picks the
-    # task up right now; a still-queued job is cancelled on the spot.
-    paths.cancel.touch()
+    # The flag reaches a running trainer (it polls it) and a worker that picks the task up
+    # right now; a still-queued job is cancelled on the spot.
     try:
-        job = store.set_status(job.id, JobStatus.cancelled, only_from={JobStatus.queued})
+        job = store.request_cancel(job.id)
     except JobNotFound:
         raise HTTPException(404, f"job {job_id} not found") from None
     if job.status == JobStatus.cancelled:
@@ -291,6 +307,7 @@ def delete_job(
     job = load_job(store, job_id)
     if not job.status.terminal:
         raise HTTPException(409, f"job is {job.status.value}; cancel it first")
+    store.delete(job.id)
     storage.remove_job_dir(job.id)
     return None
 

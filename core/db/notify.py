@@ -1,0 +1,127 @@
+"""Waking event streams when a job's events change, without each stream polling on its own.
+
+On PostgreSQL the JobStore sends `NOTIFY nf_job_events, '<job id>'` in the transaction that
+inserts an event; one thread per API process LISTENs on a dedicated connection and wakes the
+streams of that job. Elsewhere (the SQLite embedded default: one host, one file) streams re-read
+the database on a short timer. Either way a wake-up only means "read again": the events table
+stays the source of truth, so a missed notification costs latency, never an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from sqlalchemy.engine import make_url
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "nf_job_events"  # core/store.py notifies on it
+
+
+class Subscription:
+    """One stream's wake-up flag for one job."""
+
+    def __init__(self) -> None:
+        self.flag = asyncio.Event()
+
+    def clear(self) -> None:
+        """Call before reading, so a change committed after the read still wakes `wait`."""
+        self.flag.clear()
+
+    async def wait(self, timeout: float) -> bool:
+        """True when woken by a change, False after `timeout` seconds."""
+        try:
+            await asyncio.wait_for(self.flag.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+
+class EventWaker:
+    """Streams re-read on a timer; `notifying` is False."""
+
+    notifying = False
+
+    @asynccontextmanager
+    async def subscribe(self, job_id: str) -> AsyncIterator[Subscription]:
+        yield Subscription()
+
+    def close(self) -> None:
+        pass
+
+
+class PgEventWaker(EventWaker):
+    """LISTEN on PostgreSQL; a notification sets the flags of the job's subscriptions."""
+
+    notifying = True
+
+    def __init__(self, url: str):
+        self.dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self._subs: dict[str, set[Subscription]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @asynccontextmanager
+    async def subscribe(self, job_id: str) -> AsyncIterator[Subscription]:
+        self._start(asyncio.get_running_loop())
+        sub = Subscription()
+        self._subs.setdefault(job_id, set()).add(sub)
+        try:
+            yield sub
+        finally:
+            subs = self._subs.get(job_id)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self._subs[job_id]
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive() and self._loop is loop:
+                return
+            self._loop = loop
+            self._thread = threading.Thread(target=self._listen, name="nf-listen", daemon=True)
+            self._thread.start()
+
+    def _wake(self, job_id: str) -> None:  # on the event loop
+        for sub in self._subs.get(job_id, ()):
+            sub.flag.set()
+
+    def _wake_all(self) -> None:  # on the event loop: after a reconnect, anything may have moved
+        for subs in self._subs.values():
+            for sub in subs:
+                sub.flag.set()
+
+    def _listen(self) -> None:
+        import psycopg
+
+        loop = self._loop
+        while not self._stop.is_set() and loop is not None and not loop.is_closed():
+            try:
+                with psycopg.connect(self.dsn, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    loop.call_soon_threadsafe(self._wake_all)
+                    while not self._stop.is_set() and not loop.is_closed():
+                        for note in conn.notifies(timeout=1.0):
+                            loop.call_soon_threadsafe(self._wake, note.payload)
+            except Exception as exc:  # the server restarting, the loop closing
+                if self._stop.is_set() or loop.is_closed():
+                    return
+                log.warning("event notifications: %s; reconnecting", type(exc).__name__)
+                self._stop.wait(1.0)
+
+
+def make_waker(url: str) -> EventWaker:
+    """The waker for the database at `url`."""
+    if make_url(url).get_backend_name() == "postgresql":
+        return PgEventWaker(url)
+    return EventWaker()
