@@ -35,7 +35,7 @@ from core.celery_config import PREPROCESS_QUEUE, TRAIN_QUEUE, send
 from core.process import set_parent_death_signal
 from core.settings import get_settings
 from core.storage import get_storage, without_paths
-from core.store import JobNotFound, JobStore
+from core.store import CancelFlag, JobNotFound, JobStore
 from core.webhook_sender import start_sender
 from worker.app import app, limit_torch_threads
 from worker.checkpoints import Checkpoint, CheckpointManager
@@ -91,12 +91,14 @@ def _short_error(exc: BaseException) -> str:
 
 def _start(store: JobStore, job_id: str):
     """queued -> running unless a cancel got there first. Returns the job, or None to skip."""
-    paths = store.storage.paths(job_id)
+    # A cancel after this read finds the job queued (and cancels it itself) or running (and
+    # the trainer polls the flag).
+    cancel = store.cancel_requested(job_id)
 
     def change(job):
         if job.status.terminal:
             return None
-        if paths.cancel.exists():
+        if cancel:
             job.status = JobStatus.cancelled
             return job
         job.status = JobStatus.running  # also a redelivered, already running job
@@ -210,7 +212,9 @@ def preprocess(job_id: str) -> None:
                     store, job_id, settings.progress_interval_s, stage="sfm"
                 )
                 with progress, metrics.stage_timer(job.kind.value, "sfm"):
-                    summary = sfm_stage.run(job, paths, settings, progress, paths.cancel.exists)
+                    summary = sfm_stage.run(
+                        job, paths, settings, progress, CancelFlag(store, job_id)
+                    )
             except sfm_stage.SfmCancelled:
                 store.set_status(
                     job_id, JobStatus.cancelled, only_from={JobStatus.running, JobStatus.queued}
