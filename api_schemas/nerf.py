@@ -84,6 +84,13 @@ class NerfConfig(TrainingImages):
         "in proportion to their running error (instant-ngp's error map), the rest uniformly; 0: "
         "all uniform. Uploads with masks always draw uniformly",
     )
+    distortion_loss: float = Field(
+        0.0,
+        ge=0,
+        le=1.0,
+        description="weight of mip-NeRF 360's distortion loss (each ray's weights pulled into a "
+        "short stretch; worker/nerf/losses.py), mean over the batch's rays; 0: off",
+    )
     samples_per_step: int | None = Field(
         None,
         ge=1024,
@@ -148,6 +155,13 @@ class NerfConfig(TrainingImages):
     occupancy_warmup_steps: int = Field(256, ge=0)
     occupancy_threshold: float = Field(0.01, gt=0)
     occupancy_decay: float = Field(0.95, gt=0, lt=1)
+    alpha_threshold: float = Field(
+        0.0,
+        ge=0,
+        le=0.1,
+        description="samples whose alpha over their step is below this are skipped, in training "
+        "and rendering (nerfacc's alpha_thre); 0: none",
+    )
     max_samples_per_ray: int = Field(
         1024, ge=16, le=8192, description="march step = box diagonal / this"
     )

@@ -39,6 +39,16 @@ class RenderStats:
         self.kept += other.kept
 
 
+@dataclass
+class Samples:
+    """The kept samples of a batch of rays, packed by ray and sorted by t within each."""
+
+    sigma: torch.Tensor  # (S,) densities
+    t_starts: torch.Tensor  # (S,)
+    t_ends: torch.Tensor  # (S,)
+    offsets: torch.Tensor  # (N + 1,) int64: ray r owns samples [offsets[r], offsets[r + 1])
+
+
 def _per_ray(ray_indices: torch.Tensor, n_rays: int) -> torch.Tensor:
     """Samples per ray (n_rays,) int64. Not bincount: on a GPU its output size waits for the
     largest index (a host synchronisation), where n_rays is known."""
@@ -198,8 +208,11 @@ def render_rays(
     max_samples: int = 1024,
     stratified: bool = False,
     alpha_threshold: float = 0.0,
+    with_samples: bool = False,
 ):
-    """(rgb (N, 3), depth (N,) along the unit ray (0 where empty), opacity (N,), RenderStats).
+    """(rgb (N, 3), depth (N,) along the unit ray (0 where empty), opacity (N,), RenderStats),
+    and with `with_samples` a fifth item: the kept samples as `Samples` (densities with their
+    gradient, for regularisers over the samples such as `worker.nerf.losses.distortion`).
 
     Differentiable w.r.t. the field when called with grad enabled.
     """
@@ -229,7 +242,10 @@ def render_rays(
     color, depth, opacity = composite(
         sigma, rgb, t0, t1, ri, n, background, offsets=offsets, backend=field.backend
     )
-    return color, depth, opacity, RenderStats(n, marched, kept)
+    stats = RenderStats(n, marched, kept)
+    if with_samples:
+        return color, depth, opacity, stats, Samples(sigma, t0, t1, offsets)
+    return color, depth, opacity, stats
 
 
 @torch.no_grad()
@@ -245,6 +261,7 @@ def render_image(
     max_samples=1024,
     chunk: int = 8192,
     max_step: float = 1e10,
+    alpha_threshold: float = 0.0,
 ):
     """Chunked inference: rgb (N, 3), depth (N,) (expected distance of the visible surface, 0 = none),
     opacity (N,), stats. Memory is bounded by the chunk, whatever the image size."""
@@ -263,6 +280,7 @@ def render_image(
             cone_angle=cone_angle,
             max_step=max_step,
             max_samples=max_samples,
+            alpha_threshold=alpha_threshold,
         )
         rgbs.append(c)
         depths.append(torch.where(a > 1e-6, d / a.clamp_min(1e-6), torch.zeros_like(d)))
