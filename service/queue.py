@@ -3,13 +3,18 @@
 Render waits are asynchronous: one poller per API process reads every pending result in a
 single batched call (Redis MGET, or the file backend's reads) and resolves the waiting
 requests' futures, so a thousand waiting renders cost one thread-hop per tick, not a thread
-each."""
+each.
+
+A render's result travels through storage: the worker stores the rendered bytes as an object of
+the job (worker/tasks.py, `renders/results/`) and returns its key; `TaskQueue.render` reads it
+and deletes it, and the poller deletes those whose caller stopped waiting."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -35,6 +40,7 @@ from core.celery_config import (
     send,
 )
 from core.settings import Settings, get_settings
+from core.storage import get_storage
 
 log = logging.getLogger(__name__)
 POLL_S = 0.02
@@ -59,8 +65,9 @@ def get_client() -> Celery:
 class ResultWaiter:
     """Futures for pending task results, resolved by one polling coroutine per event loop."""
 
-    def __init__(self, backend):
+    def __init__(self, backend, discard: Callable[[Any], None] | None = None):
         self.backend = backend
+        self.discard = discard  # called (in a thread) with each result nobody waits for
         self._pending: dict[str, asyncio.Future] = {}
         self._abandoned: set[str] = set()
         self._task: asyncio.Task | None = None
@@ -87,8 +94,9 @@ class ResultWaiter:
                 # Nobody reads this result any more: delete it when it lands (if it does).
                 self._abandoned.add(task_id)
 
-    def _fetch(self, ids: list[str], forget: list[str]) -> list[Any]:
-        """Runs in a worker thread: one batched read, plus deleting results already consumed."""
+    def _fetch(self, ids: list[str], forget: list[str], unread: list[Any]) -> list[Any]:
+        """Runs in a worker thread: one batched read, plus deleting results already consumed
+        and what the `unread` ones (nobody waits for them) left in storage."""
         keys = [self.backend.get_key_for_task(i) for i in ids]
         values = list(self.backend.mget(keys)) if keys else []
         for task_id in forget:
@@ -96,19 +104,25 @@ class ResultWaiter:
                 self.backend.delete(self.backend.get_key_for_task(task_id))
             except OSError:
                 pass  # file:// backend: already gone
+        for result in unread:
+            try:
+                self.discard(result)
+            except Exception:
+                log.warning("could not delete an abandoned render result", exc_info=True)
         return values
 
     async def _poll(self) -> None:
         delay = POLL_S
         forget: list[str] = []
-        while self._pending or self._abandoned or forget:
+        unread: list[Any] = []
+        while self._pending or self._abandoned or forget or unread:
             ids = list(self._pending) + list(self._abandoned)
             try:
-                values = await asyncio.to_thread(self._fetch, ids, forget)
+                values = await asyncio.to_thread(self._fetch, ids, forget, unread)
             except Exception:
                 log.exception("reading render results failed; retrying")
                 values = [None] * len(ids)
-            forget = []
+            forget, unread = [], []
             got_any = False
             for task_id, raw in zip(ids, values, strict=True):
                 if raw is None:
@@ -125,8 +139,10 @@ class ResultWaiter:
                 fut = self._pending.pop(task_id, None)
                 if fut is not None and not fut.done():
                     fut.set_result(meta)
+                elif self.discard is not None and meta.get("status") == states.SUCCESS:
+                    unread.append(meta.get("result"))
             delay = POLL_S if got_any else min(delay * 1.5, MAX_POLL_S)
-            if self._pending or forget:
+            if self._pending or forget or unread:
                 self._idle_rounds = 0
             else:
                 # Only abandoned ids left: look once a second, and give up on them after two
@@ -144,7 +160,8 @@ class TaskQueue:
     def __init__(self, client: Celery, settings: Settings):
         self.client = client
         self.settings = settings
-        self.waiter = ResultWaiter(client.backend)
+        self.storage = get_storage(settings)
+        self.waiter = ResultWaiter(client.backend, discard=self.delete_result)
 
     def send_train(self, job_id: str) -> None:
         # task_id == job_id, so cancelling a queued job can revoke it without extra state.
@@ -222,7 +239,22 @@ class TaskQueue:
         if meta.get("status") != states.SUCCESS:
             exc = self.client.backend.exception_to_python(meta.get("result"))
             raise RuntimeError(str(exc)) if not isinstance(exc, BaseException) else exc
-        return meta["result"]
+        result = meta["result"]
+        if "key" in result:
+            result["data"] = await asyncio.to_thread(self.take_result, result)
+        return result
+
+    def take_result(self, result: dict[str, Any]) -> bytes:
+        """The bytes of a stored render result, deleted once read."""
+        try:
+            return self.storage.get_bytes(result["job_id"], result["key"])
+        finally:
+            self.delete_result(result)
+
+    def delete_result(self, result: Any) -> None:
+        """Delete the object a render result names (nothing for an error result)."""
+        if isinstance(result, dict) and "key" in result:
+            self.storage.delete(result["job_id"], result["key"])
 
     def ping(self, timeout: float = 2.0) -> bool:
         """Broker reachable (a worker need not be up)."""

@@ -1,6 +1,11 @@
 """Training checkpoints in the layout of core.storage (step-<n>.safetensors + step-<n>.json and
 a `latest` pointer), written atomically. Loading skips unreadable files and falls back to older
-ones."""
+ones.
+
+With object storage the folder is a working copy: a manager given a `Published` uploads each
+checkpoint after writing it (tensors and meta first, the pointer last, so a reader that follows
+the pointer finds a complete checkpoint), and `Published.pull_latest` brings the newest one into
+a worker's working copy to resume or render from."""
 
 from __future__ import annotations
 
@@ -15,7 +20,9 @@ import torch
 from safetensors.torch import load_file, save
 
 from core.storage import (
+    CHECKPOINT_RE,
     LATEST_NAME,
+    Storage,
     atomic_write_bytes,
     atomic_write_json,
     checkpoint_meta,
@@ -45,6 +52,63 @@ class Checkpoint:
 MAX_SHARE = 0.03
 
 
+class Published:
+    """A job's checkpoints in storage: the objects `<prefix>/step-<n>.{json,safetensors}` and
+    `<prefix>/latest`, mirrored from the `<prefix>` folder of the job's work dir."""
+
+    def __init__(self, storage: Storage, job_id: str, prefix: str = "checkpoints"):
+        self.storage = storage
+        self.job_id = job_id
+        self.prefix = prefix
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}"
+
+    def publish(self, step: int, keep: int) -> None:
+        """Upload the work dir's checkpoint `step`, then the pointer to it, then delete all but
+        the `keep` newest published steps (never `step`)."""
+        for path in (checkpoint_meta(Path(), step), checkpoint_tensors(Path(), step)):
+            self.storage.push(self.job_id, self._key(path.name))
+        self.storage.push(self.job_id, self._key(LATEST_NAME))
+        for old in self.steps()[max(keep, 1) :]:
+            if old != step:
+                for path in (checkpoint_tensors(Path(), old), checkpoint_meta(Path(), old)):
+                    self.storage.delete(self.job_id, self._key(path.name))
+
+    def steps(self) -> list[int]:
+        """Published steps (those with a tensor object), newest first."""
+        names = (
+            info.key.rsplit("/", 1)[-1]
+            for info in self.storage.list(self.job_id, f"{self.prefix}/")
+        )
+        return sorted(
+            (int(m.group(1)) for n in names if (m := CHECKPOINT_RE.match(n))), reverse=True
+        )
+
+    def latest_step(self) -> int | None:
+        """The step the published pointer names; None before the first complete checkpoint."""
+        try:
+            return int(self.storage.get_bytes(self.job_id, self._key(LATEST_NAME)).strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def pull_latest(self, folder: Path, step: int | None = None) -> int | None:
+        """Download published checkpoint `step` (default: the pointer's) into `folder` unless
+        it is there already, and point the folder's `latest` at it. Returns the step, None
+        when nothing is published."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            return None
+        folder = Path(folder)
+        if not (
+            checkpoint_meta(folder, step).is_file() and checkpoint_tensors(folder, step).is_file()
+        ):
+            # the dot: step-1. must not match step-10
+            self.storage.pull(self.job_id, self._key(f"step-{step}."))
+        atomic_write_bytes(folder / LATEST_NAME, str(step).encode())
+        return step
+
+
 class CheckpointManager:
     def __init__(
         self,
@@ -52,8 +116,10 @@ class CheckpointManager:
         keep: int = 3,
         interval_s: float = 30.0,
         max_share: float = MAX_SHARE,
+        published: Published | None = None,
     ):
         self.dir = Path(directory)
+        self.published = published  # None: the folder is the only copy (local storage)
         self.keep = keep
         self.interval_s = interval_s
         self.max_share = max_share
@@ -83,6 +149,8 @@ class CheckpointManager:
         atomic_write_json(checkpoint_meta(self.dir, step), {"step": step, **(meta or {})})
         atomic_write_bytes(path, blob)
         atomic_write_bytes(self.dir / LATEST_NAME, str(step).encode())
+        if self.published is not None:
+            self.published.publish(step, self.keep)
         self.saved_step = step
         self._prune()
         self._last_save = time.monotonic()

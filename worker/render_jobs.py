@@ -16,10 +16,10 @@ from pydantic import ValidationError
 
 from api_schemas.tasks import RenderFrameJobTask, RenderPathJobTask
 from core import path_jobs
-from core.storage import JobPaths, atomic_write_bytes
+from core.storage import JobPaths
 from worker.app import app
 from worker.jobs import RenderError, kind_function
-from worker.tasks import _checkpoint, _invalid, _short_error, _store
+from worker.tasks import _checkpoint, _invalid, _short_error, _store, work_dir
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +70,12 @@ def _fail(paths: JobPaths, job_id: str, render_id: str, exc: Exception, what: st
         pass  # the job was deleted meanwhile
 
 
-def _start(job_id: str, paths: JobPaths, render_id: str):
-    """The checkpoint the render job uses, recorded with its running status."""
-    checkpoint = _checkpoint(job_id, paths)
+def _start(store, job_id: str, paths: JobPaths, work: JobPaths, render_id: str):
+    """The checkpoint the render job uses (brought into the working copy `work`), recorded
+    with its running status."""
+    checkpoint = _checkpoint(job_id, work, store.storage)
     path_jobs.update(paths, render_id, status="running", checkpoint_step=checkpoint.step)
-    paths.artifacts.mkdir(parents=True, exist_ok=True)
+    work.artifacts.mkdir(parents=True, exist_ok=True)
     return checkpoint
 
 
@@ -85,20 +86,22 @@ def render_path_job(job_id: str, render_id: str, request: dict[str, Any]) -> Non
         return
     store, paths, task = opened
     name = path_jobs.artifact_name(render_id, task.request.format)
-    tmp = paths.artifacts / f".{name}.tmp"
-    try:
-        job = store.get(job_id)
-        fn = kind_function(job.kind.value, "render_path_to")
-        if fn is None:
-            raise RenderError(422, f"{job.kind.value} jobs do not render camera paths")
-        checkpoint = _start(job_id, paths, render_id)
-        with open(tmp, "wb") as out:
-            fn(job, checkpoint, task.request, out, _reporter(paths, render_id, "frames_done"))
-        tmp.replace(paths.artifacts / name)
-    except Exception as exc:
-        tmp.unlink(missing_ok=True)
-        _fail(paths, job_id, render_id, exc, "path")
-        return
+    with work_dir(store.storage, job_id) as work:
+        tmp = work.artifacts / f".{name}.tmp"
+        try:
+            job = store.get(job_id)
+            fn = kind_function(job.kind.value, "render_path_to")
+            if fn is None:
+                raise RenderError(422, f"{job.kind.value} jobs do not render camera paths")
+            checkpoint = _start(store, job_id, paths, work, render_id)
+            with open(tmp, "wb") as out:
+                fn(job, checkpoint, task.request, out, _reporter(paths, render_id, "frames_done"))
+            tmp.replace(work.artifacts / name)
+            store.storage.push(job_id, f"artifacts/{name}")
+        except Exception as exc:
+            tmp.unlink(missing_ok=True)
+            _fail(paths, job_id, render_id, exc, "path")
+            return
     path_jobs.update(paths, render_id, status="succeeded", artifact=name)
 
 
@@ -116,12 +119,13 @@ def render_frame_job(job_id: str, render_id: str, request: dict[str, Any]) -> No
         whole = kind_function(job.kind.value, "render")
         if tiled is None and whole is None:
             raise RenderError(422, f"{job.kind.value} jobs do not render frames")
-        checkpoint = _start(job_id, paths, render_id)
+        with work_dir(store.storage, job_id) as work:
+            checkpoint = _start(store, job_id, paths, work, render_id)
         if tiled is not None:
             data, _ = tiled(job, checkpoint, request, _reporter(paths, render_id, "pixels_done"))
         else:  # a kind that renders a frame at once (image: fast at any size)
             data, _ = whole(job, checkpoint, request)
-        atomic_write_bytes(paths.artifacts / name, data)
+        store.storage.put_bytes(job_id, f"artifacts/{name}", data)
     except Exception as exc:
         _fail(paths, job_id, render_id, exc, "frame")
         return

@@ -4,7 +4,6 @@ worker.jobs.<kind>; structure from motion for uploads without poses in worker.sf
 
 from __future__ import annotations
 
-import base64
 import fcntl
 import logging
 import os
@@ -12,6 +11,7 @@ import signal
 import threading
 import time
 import traceback
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,11 +34,11 @@ from core import metrics, webhooks
 from core.celery_config import PREPROCESS_QUEUE, TRAIN_QUEUE, send
 from core.process import set_parent_death_signal
 from core.settings import get_settings
-from core.storage import get_storage, without_paths
+from core.storage import Storage, get_storage, without_paths
 from core.store import CancelFlag, JobNotFound, JobStore
 from core.webhook_sender import start_sender
 from worker.app import app, limit_torch_threads
-from worker.checkpoints import Checkpoint, CheckpointManager
+from worker.checkpoints import Checkpoint, CheckpointManager, Published
 from worker.jobs import (
     STOP,
     JobCancelled,
@@ -58,6 +58,7 @@ from worker.reaper import (
     open_delivery,
     start_reaper,
 )
+from worker.scratch import is_local, job_work_dir
 from worker.sfm import stage as sfm_stage
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,18 @@ _warm_up()
 def _store() -> JobStore:
     storage = get_storage(get_settings())
     return JobStore(storage, listeners=[webhooks.status_recorder(storage), metrics.status_listener])
+
+
+def work_dir(storage: Storage, job_id: str):
+    """The job's working copy held for the block (worker.scratch): the job folder itself with
+    local storage, a bounded scratch cache entry with object storage."""
+    return job_work_dir(storage, job_id, int(get_settings().scratch_max_gb * 2**30))
+
+
+def published(storage: Storage, job_id: str) -> Published | None:
+    """Where the job's checkpoints are uploaded to; None with local storage (the working copy
+    is the only copy)."""
+    return None if is_local(storage) else Published(storage, job_id)
 
 
 def _short_error(exc: BaseException) -> str:
@@ -150,8 +163,7 @@ def train(job_id: str) -> None:
     store = _store()
     try:
         paths = store.storage.paths(job_id)
-        if not paths.job_json.is_file():
-            raise JobNotFound(job_id)
+        store.get(job_id)
     except (JobNotFound, ValueError):
         log.warning("nf.train: job %s does not exist (deleted?)", job_id)
         return
@@ -162,7 +174,7 @@ def train(job_id: str) -> None:
                 job_id,
             )
             return
-        if sfm_stage.needs_preprocess(paths):  # a re-sent orphan still waiting for its SfM
+        if sfm_stage.needs_preprocess(store.storage, job_id):  # an orphan waiting for its SfM
             _send(PreprocessTask(job_id=job_id), PREPROCESS_QUEUE)
             return
         losses = open_delivery(paths)
@@ -175,8 +187,8 @@ def train(job_id: str) -> None:
                     " the training process died each time (out of memory? a crash?)",
                 )
                 return
-            with lease(paths, settings.lease_ttl_s):
-                _train_locked(store, settings, job_id, paths)
+            with lease(paths, settings.lease_ttl_s), work_dir(store.storage, job_id) as work:
+                _train_locked(store, settings, job_id, work)
         finally:
             close_delivery(paths)
 
@@ -203,7 +215,7 @@ def preprocess(job_id: str) -> None:
         if not mine:
             log.warning("nf.preprocess: job %s is held by another process", job_id)
             return
-        if sfm_stage.needs_preprocess(paths):
+        if sfm_stage.needs_preprocess(store.storage, job_id):
             job = _start(store, job_id)
             if job is None:
                 return
@@ -211,10 +223,16 @@ def preprocess(job_id: str) -> None:
                 progress = ProgressReporter(
                     store, job_id, settings.progress_interval_s, stage="sfm"
                 )
-                with progress, metrics.stage_timer(job.kind.value, "sfm"):
+                with (
+                    progress,
+                    metrics.stage_timer(job.kind.value, "sfm"),
+                    work_dir(store.storage, job_id) as work,
+                ):
+                    store.storage.pull(job_id, f"{sfm_stage.CAPTURE_DIR}/")
                     summary = sfm_stage.run(
-                        job, paths, settings, progress, CancelFlag(store, job_id)
+                        job, work, settings, progress, CancelFlag(store, job_id)
                     )
+                    sfm_stage.publish(store.storage, job_id)
             except sfm_stage.SfmCancelled:
                 store.set_status(
                     job_id, JobStatus.cancelled, only_from={JobStatus.running, JobStatus.queued}
@@ -244,6 +262,8 @@ def preprocess(job_id: str) -> None:
 
 
 def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
+    """Train the job in its working copy `paths`: the dataset and the latest published
+    checkpoint pulled first, each checkpoint published as it is saved, artifacts at the end."""
     try:
         job = _start(store, job_id)
     except (JobNotFound, ValueError):
@@ -251,8 +271,13 @@ def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
         return
     if job is None:
         return
+    storage = store.storage
     try:
         train_fn = kind_function(job.kind.value, "train")
+        remote = published(storage, job_id)
+        storage.pull(job_id, "dataset/")
+        if remote is not None:
+            remote.pull_latest(paths.checkpoints)
         ctx = JobContext(
             job=job,
             paths=paths,
@@ -263,11 +288,14 @@ def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
                 paths.checkpoints,
                 keep=settings.checkpoints_kept,
                 interval_s=settings.checkpoint_interval_s,
+                published=remote,
             ),
             device=pick_device(settings.device),
         )
         with ctx.progress, metrics.stage_timer(job.kind.value, "train"):
             final = train_fn(ctx) or {}
+        if paths.artifacts.is_dir():
+            storage.push(job_id, "artifacts")
     except JobCancelled:
         store.set_status(
             job_id, JobStatus.cancelled, only_from={JobStatus.running, JobStatus.queued}
@@ -429,13 +457,18 @@ _cache: OrderedDict[tuple[str, int], Checkpoint] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def _checkpoint(job_id: str, paths) -> Checkpoint:
+def _checkpoint(job_id: str, paths, storage: Storage) -> Checkpoint:
+    """The job's newest checkpoint (the published one with object storage, downloaded into the
+    working copy `paths`, which the caller holds), from a small per-process LRU."""
     mgr = CheckpointManager(paths.checkpoints)
-    step = mgr.latest_step()
+    remote = published(storage, job_id)
+    step = mgr.latest_step() if remote is None else remote.latest_step()
     with _cache_lock:
         if step is not None and (job_id, step) in _cache:
             _cache.move_to_end((job_id, step))
             return _cache[(job_id, step)]
+    if remote is not None and step is not None:
+        remote.pull_latest(paths.checkpoints, step)
     ckpt = mgr.load_latest()
     if ckpt is None:
         raise RenderError(409, "the job has no readable checkpoint")
@@ -446,7 +479,17 @@ def _checkpoint(job_id: str, paths) -> Checkpoint:
     return ckpt
 
 
-def _render(job_id: str, request: RenderRequest | PathRequest, fn_name: str) -> dict[str, Any]:
+# Render results go to storage under this prefix of the job; the API reads one back, serves it and
+# deletes it (service/queue.py deletes those whose caller gave up, and job deletion the rest).
+RESULTS_PREFIX = "renders/results/"
+EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/webp": "webp", "video/mp4": "mp4"}
+
+
+def _render(
+    task, job_id: str, request: RenderRequest | PathRequest, fn_name: str
+) -> dict[str, Any] | None:
+    """A render's result for the API: the stored object's key, or an error; None when its
+    caller has given up (nothing is stored then)."""
     store = _store()
     try:
         job = store.get(job_id)
@@ -458,7 +501,8 @@ def _render(job_id: str, request: RenderRequest | PathRequest, fn_name: str) -> 
             raise RenderError(
                 422, f"{job.kind.value} jobs do not support {fn_name.replace('_', ' ')}"
             )
-        checkpoint = _checkpoint(job_id, store.storage.paths(job_id))
+        with work_dir(store.storage, job_id) as work:
+            checkpoint = _checkpoint(job_id, work, store.storage)
         data, content_type = fn(job, checkpoint, request)
     except RenderError as exc:
         return {"error": {"status_code": exc.status_code, "detail": exc.detail}}
@@ -479,7 +523,7 @@ def _render(job_id: str, request: RenderRequest | PathRequest, fn_name: str) -> 
         detail = f"the render failed on the worker ({type(exc).__name__}; its cause is logged)"
         return {"error": {"status_code": 500, "detail": detail}}
     limit = get_settings().max_render_result_bytes
-    if len(data) * 4 // 3 > limit:
+    if len(data) > limit:
         return {
             "error": {
                 "status_code": 413,
@@ -487,16 +531,28 @@ def _render(job_id: str, request: RenderRequest | PathRequest, fn_name: str) -> 
                 f"{limit} bytes (MAX_RENDER_RESULT_MB); ask for fewer frames or pixels",
             }
         }
+    if _abandoned(task):
+        return None
+    ext = EXTENSIONS.get(content_type.split(";")[0], "bin")
+    key = f"{RESULTS_PREFIX}{task.request.id or uuid.uuid4()}.{ext}"
+    try:
+        store.storage.put_bytes(job_id, key, data)
+    except Exception as exc:
+        log.exception("storing the render of %s failed", job_id)
+        detail = f"the render could not be stored ({type(exc).__name__}; its cause is logged)"
+        return {"error": {"status_code": 500, "detail": detail}}
     return {
         "content_type": content_type,
-        "data_b64": base64.b64encode(data).decode(),
+        "job_id": job_id,
+        "key": key,
+        "size": len(data),
         "checkpoint_step": checkpoint.step,
     }
 
 
-def _unless_abandoned(task, result: dict[str, Any]) -> dict[str, Any] | None:
+def _abandoned(task) -> bool:
     """The API stops waiting at the task's `expires` (RENDER_TIMEOUT_S after sending): a result
-    finished later would only sit in the result backend, so it is dropped here."""
+    finished later would only sit in storage and the result backend."""
     expires = task.request.expires
     if expires:
         from datetime import datetime
@@ -504,7 +560,15 @@ def _unless_abandoned(task, result: dict[str, Any]) -> dict[str, Any] | None:
         deadline = datetime.fromisoformat(expires) if isinstance(expires, str) else expires
         if datetime.now(deadline.tzinfo) > deadline:
             log.info("render %s finished after its caller gave up; result dropped", task.request.id)
-            return None
+            return True
+    return False
+
+
+def _unless_abandoned(task, result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An error finished after its caller gave up is dropped too (a stored result was checked
+    before it was stored)."""
+    if result is None or ("key" not in result and _abandoned(task)):
+        return None
     return result
 
 
@@ -522,7 +586,7 @@ def render(self, job_id: str, request: dict[str, Any]) -> dict[str, Any] | None:
         task = RenderTask.model_validate({"job_id": job_id, "request": request})
     except ValidationError as exc:
         return _invalid(exc)
-    return _unless_abandoned(self, _render(task.job_id, task.request, "render"))
+    return _unless_abandoned(self, _render(self, task.job_id, task.request, "render"))
 
 
 @app.task(name=RenderPathTask.name, acks_late=False, bind=True)
@@ -531,7 +595,7 @@ def render_path(self, job_id: str, request: dict[str, Any]) -> dict[str, Any] | 
         task = RenderPathTask.model_validate({"job_id": job_id, "request": request})
     except ValidationError as exc:
         return _invalid(exc)
-    return _unless_abandoned(self, _render(task.job_id, task.request, "render_path"))
+    return _unless_abandoned(self, _render(self, task.job_id, task.request, "render_path"))
 
 
 # -- exports -------------------------------------------------------------------------------
@@ -543,5 +607,5 @@ def export(job_id: str, export_id: str) -> None:
 
     task = ExportTask(job_id=job_id, export_id=export_id)
     store = _store()
-    execute(store, task.job_id, task.export_id, _checkpoint)
+    execute(store, task.job_id, task.export_id, _checkpoint, work_dir)
     webhooks.record_export(store.storage, task.job_id, task.export_id)

@@ -19,7 +19,7 @@ from api_schemas.exports import (
     ExportStatus,
 )
 from core.exports import ExportNotFound, ExportStore
-from core.storage import atomic_write_bytes, without_paths
+from core.storage import without_paths
 from core.store import JobNotFound, JobStore
 from worker.exports.common import ExportError
 
@@ -94,6 +94,8 @@ def _splat(job, checkpoint, paths, fmt: ExportFormat, options: dict[str, Any]):
 
 
 MAKERS: dict[str, Callable] = {"nerf": _nerf, "splat": _splat}
+# (kind, format) of the exports that read the training photos besides the checkpoint
+NEEDS_DATASET = {("nerf", ExportFormat.point_cloud)}
 
 
 def short_error(exc: BaseException) -> str:
@@ -103,8 +105,12 @@ def short_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
-def execute(store: JobStore, job_id: str, export_id: str, load_checkpoint: Callable) -> None:
-    """Run one export to the end: running -> succeeded (artifact written) or failed (error)."""
+def execute(
+    store: JobStore, job_id: str, export_id: str, load_checkpoint: Callable, work_dir: Callable
+) -> None:
+    """Run one export to the end: running -> succeeded (artifact stored) or failed (error).
+    `work_dir(storage, job_id)` holds the job's working copy, `load_checkpoint(job_id, paths,
+    storage)` brings the newest checkpoint into it and loads it (worker.tasks)."""
     exports = ExportStore(store.storage)
     try:
         job = store.get(job_id)
@@ -118,21 +124,30 @@ def execute(store: JobStore, job_id: str, export_id: str, load_checkpoint: Calla
         if export.status == ExportStatus.succeeded:
             return
         exports.update(job_id, export_id, status=ExportStatus.running, error=None)
-        _run(store, exports, job, export, load_checkpoint)
+        _run(store, exports, job, export, load_checkpoint, work_dir)
 
 
-def _run(store: JobStore, exports: ExportStore, job, export, load_checkpoint: Callable) -> None:
+def _run(
+    store: JobStore,
+    exports: ExportStore,
+    job,
+    export,
+    load_checkpoint: Callable,
+    work_dir: Callable,
+) -> None:
     job_id, export_id = job.id, export.id
-    paths = store.storage.paths(job_id)
+    storage = store.storage
     try:
         maker = MAKERS.get(job.kind.value)
         if maker is None:
             raise ExportError(f"{job.kind.value} jobs have no exports")
-        data, stats = maker(
-            job, load_checkpoint(job_id, paths), paths, export.format, export.options
-        )
+        with work_dir(storage, job_id) as paths:
+            checkpoint = load_checkpoint(job_id, paths, storage)
+            if (job.kind.value, export.format) in NEEDS_DATASET:
+                storage.pull(job_id, "dataset/")
+            data, stats = maker(job, checkpoint, paths, export.format, export.options)
         name = artifact_name(export_id, export.format)
-        atomic_write_bytes(paths.artifacts / name, data)
+        storage.put_bytes(job_id, f"artifacts/{name}", data)
     except Exception as exc:
         if not isinstance(exc, ExportError):
             log.exception("export %s of job %s failed", export_id, job_id)

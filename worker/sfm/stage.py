@@ -27,7 +27,7 @@ from core.photos import COLMAP_FORMATS, save_copy
 from core.scene_format import CAMERAS_FILE, MIN_TRAIN_VIEWS, SceneError
 from worker.sfm.colmap import SfmCancelled
 
-__all__ = ["SfmCancelled", "StageError", "needs_preprocess", "run"]
+__all__ = ["SfmCancelled", "StageError", "needs_preprocess", "publish", "run"]
 
 log = logging.getLogger(__name__)
 CAPTURE_DIR, MANIFEST, WORK_DIR = "capture", "capture.json", "sfm"
@@ -58,11 +58,32 @@ class Capture:
     video: Path | None = None
 
 
-def needs_preprocess(paths) -> bool:
+def needs_preprocess(storage, job_id: str) -> bool:
     """The job holds a capture that SfM has not turned into a dataset yet."""
-    return (paths.root / CAPTURE_DIR / MANIFEST).is_file() and not (
-        paths.dataset / CAMERAS_FILE
-    ).is_file()
+    return storage.exists(job_id, f"{CAPTURE_DIR}/{MANIFEST}") and not storage.exists(
+        job_id, f"dataset/{CAMERAS_FILE}"
+    )
+
+
+def publish(storage, job_id: str) -> None:
+    """Store what `run` made in the job's working copy (object storage; nothing to do with
+    local storage): the recovered cameras' artifact, the dataset with its cameras file last (a
+    dataset without it is one SfM has not finished, see needs_preprocess), then the capture is
+    deleted as `run` deleted its copy."""
+    from worker.scratch import is_local
+
+    if is_local(storage):
+        return
+    work = storage.work_dir(job_id)
+    storage.push(job_id, f"artifacts/{TRANSFORMS_ARTIFACT}")
+    cameras = f"dataset/{CAMERAS_FILE}"
+    for path in sorted(p for p in work.dataset.rglob("*") if p.is_file()):
+        key = path.relative_to(work.root).as_posix()
+        if key != cameras:
+            storage.push(job_id, key)
+    storage.push(job_id, cameras)
+    for obj in storage.list(job_id, f"{CAPTURE_DIR}/"):
+        storage.delete(job_id, obj.key)
 
 
 def read_capture(paths) -> Capture:

@@ -7,7 +7,6 @@ render jobs (routes/path_jobs.py)."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -17,7 +16,7 @@ from api_schemas.jobs import Job, JobStatus
 from api_schemas.render import PathJob, PathRequest, RenderJob, RenderRequest
 from core import path_jobs
 from core.settings import Settings
-from core.storage import LocalStorage, latest_checkpoint_step
+from core.storage import CHECKPOINT_RE, LATEST_NAME, LocalStorage, Storage
 from core.store import JobStore
 from service.api.deps import (
     JOB_GUARDS,
@@ -52,8 +51,7 @@ async def _run(queue: TaskQueue, job_id: str, req: RenderRequest | PathRequest) 
     if "error" in result:
         err = result["error"]
         raise HTTPException(int(err.get("status_code", 500)), err.get("detail", "render failed"))
-    # A path render can be 100+ MB: decode it off the event loop.
-    data = await asyncio.to_thread(base64.b64decode, result["data_b64"])
+    data = result["data"]
     headers = {}
     if result.get("checkpoint_step") is not None:
         headers["X-Checkpoint-Step"] = str(result["checkpoint_step"])
@@ -123,7 +121,14 @@ def frame_as_job(settings: Settings, job: Job, req: RenderRequest) -> bool:
     return seconds is not None and seconds > 0.5 * settings.render_timeout_s
 
 
-def _check(store: JobStore, job_id: str):
+def _has_checkpoint(storage: Storage, job_id: str) -> bool:
+    """A `latest` pointer or a checkpoint's tensors among the job's objects."""
+    return storage.exists(job_id, f"checkpoints/{LATEST_NAME}") or any(
+        CHECKPOINT_RE.match(o.key.rsplit("/", 1)[-1]) for o in storage.list(job_id, "checkpoints/")
+    )
+
+
+def _check(store: JobStore, storage: Storage, job_id: str):
     job = load_job(store, job_id)
     if job.status not in (JobStatus.succeeded, JobStatus.running):
         raise HTTPException(
@@ -131,7 +136,7 @@ def _check(store: JobStore, job_id: str):
         )
     # Answered here rather than by a worker: a preview must not wait behind the training that
     # has not written its first checkpoint yet (one worker may serve both queues).
-    if latest_checkpoint_step(store.storage.paths(job_id).checkpoints) is None:
+    if not _has_checkpoint(storage, job_id):
         raise HTTPException(
             409, f"job is {job.status.value} and has no checkpoint yet; try again shortly"
         )
@@ -161,7 +166,7 @@ async def render(
     _caps(settings, req.width, req.height)
     # Charged before the status check: a render of an unfinished job costs like any other.
     await charge_pixels(request, key, req.width * req.height)
-    job = _check(store, job_id)
+    job = await asyncio.to_thread(_check, store, storage, job_id)
     if frame_as_job(settings, job, req):
         paths = storage.paths(job.id)
         render_id = path_jobs.new_id()
@@ -203,7 +208,7 @@ async def render_path(
 ) -> Response:
     _caps(settings, req.width, req.height, req.frames)
     await charge_pixels(request, key, req.frames * req.width * req.height)
-    job = _check(store, job_id)
+    job = await asyncio.to_thread(_check, store, storage, job_id)
     # fps stated in the message, for workers that read it rather than frames_per_second
     req = req.model_copy(update={"fps": req.frames_per_second})
     pixels = req.frames * req.width * req.height
