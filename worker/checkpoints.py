@@ -93,19 +93,15 @@ class Published:
             return None
 
     def pull_latest(self, folder: Path, step: int | None = None) -> int | None:
-        """Download published checkpoint `step` (default: the pointer's) into `folder` unless
-        it is there already, and point the folder's `latest` at it. Returns the step, None
-        when nothing is published."""
+        """Download published checkpoint `step` (default: the pointer's) into `folder`, the
+        work dir's `<prefix>` folder, and point the folder's `latest` at it. Returns the step,
+        None when nothing is published."""
         step = self.latest_step() if step is None else step
         if step is None:
             return None
-        folder = Path(folder)
-        if not (
-            checkpoint_meta(folder, step).is_file() and checkpoint_tensors(folder, step).is_file()
-        ):
-            # the dot: step-1. must not match step-10
-            self.storage.pull(self.job_id, self._key(f"step-{step}."))
-        atomic_write_bytes(folder / LATEST_NAME, str(step).encode())
+        # the dot: step-1. must not match step-10; pull moves only what is missing or changed
+        self.storage.pull(self.job_id, self._key(f"step-{step}."))
+        atomic_write_bytes(Path(folder) / LATEST_NAME, str(step).encode())
         return step
 
 

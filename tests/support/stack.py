@@ -127,12 +127,12 @@ class Stack:
         return self._client
 
     # -- processes ---------------------------------------------------------------------
-    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, cmd: list[str], env: dict | None = None) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "ab")
         return subprocess.Popen(
             cmd,
             cwd=REPO,
-            env=self.env,
+            env={**self.env, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -181,7 +181,10 @@ class Stack:
         concurrency: int = 1,
         wait: bool = True,
         timeout: float = 60,
+        env: dict | None = None,
     ) -> subprocess.Popen:
+        """A Celery worker on `queues`; `env` overrides the stack's settings for it alone (a
+        DATA_DIR of its own: a host that shares no directory with the API)."""
         name = f"worker-{len(self.workers)}"
         proc = self._spawn(
             name,
@@ -203,6 +206,7 @@ class Stack:
                 "--loglevel",
                 "info",
             ],
+            env,
         )
         self.workers.append(proc)
         if wait:
