@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from api_schemas.image import ImageConfig
+from api_schemas.nerf import NerfConfig
 from core.settings import Settings
 from experiments.synthetic_scene import scene_files
 from tests.service.test_nerf_intake import to_colmap, zip_bytes
@@ -215,7 +216,7 @@ def test_nerf_trains_resumes_renders_and_exports_on_cuda(tmp_path, blender, monk
         # (without samples_per_step: instant-ngp's 2^18 on a GPU, 2^16 on a CPU)
         resumed = NerfTrainer({**cfg, "samples_per_step": None}, meta, CUDA, data)
         assert resumed.config.samples_per_step == 1 << 18
-        assert samples_per_step({"samples_per_step": None}, torch.device("cpu")) == 1 << 16
+        assert samples_per_step(NerfConfig(samples_per_step=None), torch.device("cpu")) == 1 << 16
         resumed.load_state(ckpt.tensors, ckpt.meta)
         assert resumed.step == 50 and is_cuda(resumed.field.encoding.params)
         for _ in range(3):

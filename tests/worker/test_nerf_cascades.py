@@ -49,9 +49,12 @@ def test_grid_layout_is_instant_ngps_cascades():
     assert grid_layout(3.0) == (0.75, 3)  # the outer cascade is the scene box exactly
     # cells per cascade: 128, halved on a CPU with cascades; a config's own value wins
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert occupancy_resolution({}, 1, cpu) == 128 and occupancy_resolution({}, 3, cpu) == 64
-    assert occupancy_resolution({}, 3, cuda) == 128
-    assert occupancy_resolution({"occupancy_resolution": 128}, 3, cpu) == 128
+    assert (
+        occupancy_resolution(NerfConfig(), 1, cpu) == 128
+        and occupancy_resolution(NerfConfig(), 3, cpu) == 64
+    )
+    assert occupancy_resolution(NerfConfig(), 3, cuda) == 128
+    assert occupancy_resolution(NerfConfig(occupancy_resolution=128), 3, cpu) == 128
     assert max_march_step(1.0, 128, 1) == 1e10
     assert max_march_step(4.0, 128, 3) == pytest.approx(math.sqrt(3) * 8 / 128)
 

@@ -80,18 +80,20 @@ def test_the_default_table_grows_with_the_training_pixels_up_to_instant_ngps():
     from worker.nerf.trainer import table_log2
 
     quality_bar = _frames({"train": [(100, 100)] * 60, "test": [(100, 100)] * 10})
-    assert table_log2({"log2_hashmap_size": None}, quality_bar) == 17  # 6e5 pixels
+    assert table_log2(NerfConfig(log2_hashmap_size=None), quality_bar) == 17  # 6e5 pixels
     # held-out views train nothing: they do not count
     more_tests = _frames({"train": [(100, 100)] * 60, "test": [(100, 100)] * 500})
-    assert table_log2({}, more_tests) == 17
-    assert table_log2({}, _frames({"train": [(100, 100)] * 240})) == 19  # 2.4e6 = 2^21.2
+    assert table_log2(NerfConfig(), more_tests) == 17
+    assert table_log2(NerfConfig(), _frames({"train": [(100, 100)] * 240})) == 19  # 2.4e6 = 2^21.2
     # a Blender scene at full size, and five phone photos at the 800-px training size
-    assert table_log2({}, _frames({"train": [(800, 800)] * 100})) == 19
-    assert table_log2({}, _frames({"train": [(800, 600)] * 5})) == 19
-    assert table_log2({}, _frames({"train": [(40, 30)] * 8})) == 14
+    assert table_log2(NerfConfig(), _frames({"train": [(800, 800)] * 100})) == 19
+    assert table_log2(NerfConfig(), _frames({"train": [(800, 600)] * 5})) == 19
+    assert table_log2(NerfConfig(), _frames({"train": [(40, 30)] * 8})) == 14
     # a size the job asked for is kept, larger or smaller than the default
-    assert table_log2({"log2_hashmap_size": 22}, quality_bar) == 22
-    assert table_log2({"log2_hashmap_size": 14}, _frames({"train": [(800, 800)] * 100})) == 14
+    assert table_log2(NerfConfig(log2_hashmap_size=22), quality_bar) == 22
+    assert (
+        table_log2(NerfConfig(log2_hashmap_size=14), _frames({"train": [(800, 800)] * 100})) == 14
+    )
 
 
 def test_a_default_table_size_travels_with_the_checkpoint_to_the_renderer(tmp_path):

@@ -11,11 +11,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from api_schemas.nerf import DEFAULT_SAMPLES_PER_STEP
+from api_schemas.nerf import DEFAULT_SAMPLES_PER_STEP, NerfConfig
 from kernels import HashGridAdam, OccupancyGrid
 from worker.budget import device_type
+from worker.configs import config_dict
 from worker.memory import reuse_freed_memory
 from worker.nerf.error_map import ErrorMap
+from worker.nerf.losses import distortion, render_weights
 from worker.nerf.model import NerfField
 from worker.nerf.rendering import RenderStats, render_rays
 from worker.scene.dataset import Dataset, background_rgb, composite_background
@@ -31,21 +33,21 @@ STATE_FORMAT = 3
 TABLE_LOG2_MIN, TABLE_LOG2_MAX = 14, 19
 
 
-def cone_angle(config: dict[str, Any], half: float) -> float:
+def cone_angle(config: NerfConfig, half: float) -> float:
     """The config's cone angle, or instant-ngp's default: 1/256 when the scene box is larger
     than the unit cube (large, unbounded captures), constant steps otherwise."""
-    if config.get("cone_angle") is not None:
-        return float(config["cone_angle"])
+    if config.cone_angle is not None:
+        return float(config.cone_angle)
     return 1.0 / 256.0 if half > 1.0 else 0.0
 
 
-def table_log2(config: dict[str, Any], meta: dict[str, Any]) -> int:
+def table_log2(config: NerfConfig, meta: dict[str, Any]) -> int:
     """The config's hash table size, or one scaled to the training pixels P: floor(log2 P) - 2
     within 14..19. A table far larger than the photos constrain costs memory traffic every step
     and learns nothing more: on the quality-bar scene (6e5 pixels) 2^17 rows per level trained
     1500 steps 16 % faster than 2^19 and ended 0.12 dB higher (docs/nerf.md)."""
-    if config.get("log2_hashmap_size") is not None:
-        return int(config["log2_hashmap_size"])
+    if config.log2_hashmap_size is not None:
+        return int(config.log2_hashmap_size)
     frames = [f for f in meta.get("frames", []) if f.get("split", "train") == "train"]
     pixels = sum(int(f["w"]) * int(f["h"]) for f in frames)
     if pixels <= 0:
@@ -53,16 +55,17 @@ def table_log2(config: dict[str, Any], meta: dict[str, Any]) -> int:
     return min(max(pixels.bit_length() - 1 - 2, TABLE_LOG2_MIN), TABLE_LOG2_MAX)
 
 
-def samples_per_step(config: dict[str, Any], device) -> int:
+def samples_per_step(config: NerfConfig, device) -> int:
     """The config's samples per step, or the default for the worker's device."""
-    if config.get("samples_per_step"):
-        return int(config["samples_per_step"])
+    if config.samples_per_step:
+        return int(config.samples_per_step)
     return DEFAULT_SAMPLES_PER_STEP[device_type(device)]
 
 
-def aabb_half(meta: dict[str, Any], config: dict[str, Any]) -> float:
-    if config.get("aabb_scale"):
-        return float(config["aabb_scale"])
+def aabb_half(meta: dict[str, Any], config: NerfConfig) -> float:
+    """The scene box's half size: the config's aabb_scale, else the dataset's box."""
+    if config.aabb_scale:
+        return float(config.aabb_scale)
     return float(meta.get("aabb", [[-1.0] * 3, [1.0] * 3])[1][0])
 
 
@@ -79,12 +82,12 @@ def grid_layout(half: float) -> tuple[float, int]:
     return half / 2.0 ** (n - 1), n
 
 
-def occupancy_resolution(config: dict[str, Any], n_cascades: int, device: torch.device) -> int:
+def occupancy_resolution(config: NerfConfig, n_cascades: int, device: torch.device) -> int:
     """The config's cells per cascade side, or 128 (instant-ngp's), halved on a CPU when there
     are cascades: each update evaluates the field at a quarter to all of every cascade's cells,
     and three cascades of 128^3 made the updates a quarter of a CPU step (docs/nerf.md)."""
-    if config.get("occupancy_resolution") is not None:
-        return int(config["occupancy_resolution"])
+    if config.occupancy_resolution is not None:
+        return int(config.occupancy_resolution)
     return 64 if n_cascades > 1 and device.type == "cpu" else 128
 
 
@@ -103,44 +106,47 @@ class NerfTrainer:
     state_format = STATE_FORMAT
 
     def __init__(
-        self, config: dict[str, Any], meta: dict[str, Any], device=None, data: Dataset | None = None
+        self,
+        config: NerfConfig | dict[str, Any],
+        meta: dict[str, Any],
+        device=None,
+        data: Dataset | None = None,
     ):
-        if not 1 <= config["sh_degree"] <= 4:
-            raise ValueError(
-                f"sh_degree {config['sh_degree']} is not supported by the SH kernel (1..4)"
-            )
+        # The job hands its validated config on; a dict (scripts, tests) is validated here.
+        config = NerfConfig.model_validate(config)
         reuse_freed_memory()  # every step frees and allocates the same buffers again
         self.requested_config = config  # what the job asked for (checkpoints compare it)
         self.meta = meta
         self.device = torch.device(device or "cpu")
         self.data = data
         self.half = aabb_half(meta, config)
+        grid_half, n_cascades = grid_layout(self.half)
         # Defaults that depend on the scene, resolved once.
-        self.config = {
-            **config,
-            "cone_angle": cone_angle(config, self.half),
-            "log2_hashmap_size": table_log2(config, meta),
-            "samples_per_step": samples_per_step(config, self.device),
-        }
+        self.config = config.model_copy(
+            update={
+                "cone_angle": cone_angle(config, self.half),
+                "log2_hashmap_size": table_log2(config, meta),
+                "samples_per_step": samples_per_step(config, self.device),
+                "occupancy_resolution": occupancy_resolution(config, n_cascades, self.device),
+            }
+        )
         # Seconds of the run the learning rate decays over (set by the job from its time budget)
         # and how many of them were used; without one the schedule follows the planned steps.
         self.lr_horizon_s: float | None = None
         self.budget_used_s = 0.0
-        self.backend = config.get("backend", "ext")
-        grid_half, n_cascades = grid_layout(self.half)
-        self.config["occupancy_resolution"] = occupancy_resolution(config, n_cascades, self.device)
+        self.backend = config.backend
         # Same lattice for training and rendering: the diagonal of cascade 0 (the whole box with
         # one cascade) / max_samples_per_ray; with cascades the cone angle lengthens steps with
         # distance, up to `max_step`.
-        self.step_size = 2 * math.sqrt(3) * grid_half / config["max_samples_per_ray"]
-        self.max_step = max_march_step(self.half, self.config["occupancy_resolution"], n_cascades)
-        torch.manual_seed(config.get("seed", 0))
+        self.step_size = 2 * math.sqrt(3) * grid_half / config.max_samples_per_ray
+        self.max_step = max_march_step(self.half, self.config.occupancy_resolution, n_cascades)
+        torch.manual_seed(config.seed)
         self.field = NerfField(self.config, self.half, self.backend).to(self.device)
         # Grid densities are optical thickness per render step, so the threshold means
         # "at least this alpha over one step" whatever the step size.
         self.grid = OccupancyGrid(
             [-grid_half] * 3 + [grid_half] * 3,
-            resolution=self.config["occupancy_resolution"],
+            resolution=self.config.occupancy_resolution,
             n_cascades=n_cascades,
             step_size=self.step_size,
             backend=self.backend,
@@ -148,31 +154,29 @@ class NerfTrainer:
         if data is not None:
             self._mark_unseen(data)
         self.opt = torch.optim.Adam(
-            self.field.mlp_param_groups(config["weight_decay"]),
-            lr=config["lr"],
-            betas=tuple(config["adam_betas"]),
-            eps=config["adam_eps"],
+            self.field.mlp_param_groups(config.weight_decay),
+            lr=config.lr,
+            betas=tuple(config.adam_betas),
+            eps=config.adam_eps,
             fused=True,
         )
         # The table: only the rows a batch touched are updated (instant-ngp's Adam), no weight
         # decay (decaying entries would erase rarely seen detail).
         self.table_opt = HashGridAdam(
-            self.field.encoding, config["lr"], tuple(config["adam_betas"]), config["adam_eps"]
+            self.field.encoding, config.lr, tuple(config.adam_betas), config.adam_eps
         )
-        self.generator = torch.Generator().manual_seed(config.get("seed", 0))
+        self.generator = torch.Generator().manual_seed(config.seed)
         # Training pixels drawn where the error is (instant-ngp); masks keep uniform draws.
-        share = config.get("error_map_share") or 0.0
+        share = config.error_map_share
         self.error_map = (
             ErrorMap(data, share) if data is not None and share > 0 and data.keep is None else None
         )
         self.step = 0
         self.n_rays = max(
-            MIN_RAYS, min(config["max_rays_per_step"], self.config["samples_per_step"] // 256)
+            MIN_RAYS, min(config.max_rays_per_step, self.config.samples_per_step // 256)
         )
         self.train_s = 0.0  # training time over all runs, so a resumed job keeps its total
-        self.eval_background = torch.tensor(
-            background_rgb(config.get("background")), device=self.device
-        )
+        self.eval_background = torch.tensor(background_rgb(config.background), device=self.device)
         self.last = RenderStats()
         self.curve: list[dict[str, float]] = []  # test PSNR over training time (filled by the job)
         self._warm_up()
@@ -208,31 +212,32 @@ class NerfTrainer:
     def lr_at(self, step: int) -> float:
         # Exponential decay from lr to lr * lr_final_factor over the run: the planned steps, or
         # the time limit when that ends the run first.
-        frac = step / max(self.config["steps"], 1)
+        c = self.config
+        frac = step / max(c.steps, 1)
         if self.lr_horizon_s:
             frac = max(frac, self.budget_used_s / self.lr_horizon_s)
-        elif self.config.get("time_limit_s"):
-            frac = max(frac, self.train_s / self.config["time_limit_s"])
+        elif c.time_limit_s:
+            frac = max(frac, self.train_s / c.time_limit_s)
         frac = min(frac, 1.0)
-        return self.config["lr"] * self.config["lr_final_factor"] ** frac
+        return c.lr * c.lr_final_factor**frac
 
     def _background(self, n: int) -> torch.Tensor:
-        mode = self.config.get("train_background", "random")
+        mode = self.config.train_background
         if self.data is not None and self.data.has_alpha and mode == "random":
             # Random colours behind transparent pixels stop the field from baking a
             # background colour into semi-transparent density.
             return torch.rand(n, 3, generator=self.generator).to(self.device)
-        rgb = background_rgb(mode if mode != "random" else self.config.get("background"))
+        rgb = background_rgb(mode if mode != "random" else self.config.background)
         return torch.tensor(rgb, device=self.device).expand(n, 3).contiguous()
 
     def _update_grid(self) -> None:
         self.grid.update_every_n_steps(
             self.step,
             self.field.density_float32,
-            n=self.config["occupancy_update_every"],
-            warmup_steps=self.config["occupancy_warmup_steps"],
-            decay=self.config["occupancy_decay"],
-            threshold=self.config["occupancy_threshold"],
+            n=self.config.occupancy_update_every,
+            warmup_steps=self.config.occupancy_warmup_steps,
+            decay=self.config.occupancy_decay,
+            threshold=self.config.occupancy_threshold,
         )
 
     def train_step(self) -> dict[str, float]:
@@ -241,7 +246,7 @@ class NerfTrainer:
         self.field.train()
         self._update_grid()
         n = self.n_rays
-        jitter = float(self.config.get("pixel_jitter", 1.0))
+        jitter = float(self.config.pixel_jitter)
         if self.error_map is not None:
             o, d, rgba, drawn = self.error_map.sample(n, self.generator, jitter)
         else:
@@ -253,19 +258,30 @@ class NerfTrainer:
         for g in self.opt.param_groups:
             g["lr"] = lr
         self.table_opt.lr = lr
-        rgb, _, _, stats = render_rays(
+        rgb, _, _, stats, samples = render_rays(
             self.field,
             self.grid,
             o,
             d,
             bg,
             step=self.step_size,
-            cone_angle=self.config["cone_angle"],
+            cone_angle=self.config.cone_angle,
             max_step=self.max_step,
-            max_samples=self.config["max_samples_per_ray"],
+            max_samples=self.config.max_samples_per_ray,
             stratified=True,
+            alpha_threshold=self.config.alpha_threshold,
+            with_samples=True,
         )
         loss = F.mse_loss(rgb, target)
+        mse = loss.detach()
+        dist_weight = self.config.distortion_loss
+        if dist_weight > 0 and stats.kept:
+            w = render_weights(samples.sigma, samples.t_starts, samples.t_ends, samples.offsets)
+            loss = (
+                loss
+                + dist_weight
+                * distortion(w, samples.t_starts, samples.t_ends, samples.offsets).mean()
+            )
         if self.error_map is not None:
             self.error_map.update(drawn, ((rgb.detach() - target) ** 2).mean(-1).cpu())
         self.opt.zero_grad(set_to_none=True)
@@ -278,13 +294,11 @@ class NerfTrainer:
         self.last = stats
         # Batch sized by samples: rays next step = target / samples per ray now (smoothed).
         per_ray = max(stats.kept / n, 1.0)
-        want = self.config["samples_per_step"] / per_ray
-        self.n_rays = int(
-            min(max(0.5 * n + 0.5 * want, MIN_RAYS), self.config["max_rays_per_step"])
-        )
+        want = self.config.samples_per_step / per_ray
+        self.n_rays = int(min(max(0.5 * n + 0.5 * want, MIN_RAYS), self.config.max_rays_per_step))
         dt = time.perf_counter() - t0
         self.train_s += dt
-        mse = float(loss.detach())
+        mse = float(mse)
         return {
             "loss": mse,
             "psnr": psnr(mse),
@@ -312,9 +326,9 @@ class NerfTrainer:
         meta = {
             "kind": "nerf",
             "state_format": STATE_FORMAT,
-            "config": self.requested_config,
-            "cone_angle": self.config["cone_angle"],
-            "log2_hashmap_size": self.config["log2_hashmap_size"],
+            "config": config_dict(self.requested_config),
+            "cone_angle": self.config.cone_angle,
+            "log2_hashmap_size": self.config.log2_hashmap_size,
             "budget_used_s": round(self.budget_used_s, 3),
             "step": self.step,
             "n_rays": self.n_rays,

@@ -25,6 +25,7 @@ from PIL import Image, ImageOps
 
 from core.photos import COLMAP_FORMATS, save_copy
 from core.scene_format import CAMERAS_FILE, MIN_TRAIN_VIEWS, SceneError
+from worker.configs import job_config
 from worker.sfm.colmap import SfmCancelled
 
 __all__ = ["SfmCancelled", "StageError", "needs_preprocess", "publish", "run"]
@@ -319,17 +320,16 @@ def run(job, paths, settings, progress, cancelled) -> dict[str, Any]:
             )
         partial.mkdir()
         try:
-            downscale = job.config.get("downscale")
+            config = job_config(job)  # nerf's and splat's share the TrainingImages fields
+            downscale = config.downscale
             meta = write_scene(
                 partial,
                 scene,
                 source_format=f"sfm-{cap.kind}",
                 # the training size, as for posed uploads (service/intake/scene/build.py)
-                long_side=None
-                if downscale
-                else (job.config.get("long_side") or settings.train_long_side),
+                long_side=None if downscale else (config.long_side or settings.train_long_side),
                 downscale=downscale,
-                aabb_scale=job.config.get("aabb_scale"),
+                aabb_scale=config.aabb_scale,
                 points_xyz=result.points_xyz,
                 points_rgb=result.points_rgb,
             )
