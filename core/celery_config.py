@@ -90,7 +90,21 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     return conf
 
 
+def task_id_for(task: tasks.Task) -> str | None:
+    """The id a background task is sent under: the job id for its training and SfM, one per
+    export and render job. The reaper tells from these ids what the broker still holds."""
+    if isinstance(task, tasks.TrainTask | tasks.PreprocessTask):
+        return task.job_id
+    if isinstance(task, tasks.ExportTask):
+        return f"{task.job_id}.export.{task.export_id}"
+    if isinstance(task, tasks.RenderPathJobTask | tasks.RenderFrameJobTask):
+        return f"{task.job_id}.render.{task.render_id}"
+    return None
+
+
 def send(client, task: tasks.Task, queue: str, **options):
     """Queue `task` by its name, its payload as keyword arguments (api_schemas/tasks.py); the
     Celery `headers` (the request id) are added by core.logs.put_request_id as for any send."""
+    if options.get("task_id") is None and (tid := task_id_for(task)) is not None:
+        options["task_id"] = tid
     return client.send_task(task.name, kwargs=tasks.payload(task), queue=queue, **options)

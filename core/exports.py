@@ -1,23 +1,29 @@
-"""Export state files, `<job>/exports/<export id>.json`, shared by the API (creates, reads) and
-the worker (runs, finishes). Same rules as job.json: atomic replace, read-modify-write under an
-flock, so lock-free readers never see half a file.
+"""Exports' state, rows of the `exports` table (core/db/exports.py), shared by the API (creates,
+reads) and the worker (runs, finishes).
 
 An export's id is a digest of its format and options: asking twice for the same export answers
 the one already made (or being made) instead of running it again. The worker running an export
-holds an flock on `<id>.run` (`running()`); a `running` export whose lock is free lost its
-worker (killed, restarted), and asking for it again starts it again."""
+holds its lease (core/leases.py, kind `export`) and renews it; a `running` export whose lease is
+free lost its worker (killed, its host gone), and asking for it again starts it again. Each
+delivery is counted on the lease, so an export that kills its worker fails after
+MAX_WORKER_LOSSES instead of taking one worker after another."""
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
 from api_schemas.exports import Export, ExportFormat, ExportStatus
-from core.storage import JobPaths, LocalStorage, atomic_write_json
+from core import leases
+from core.db.engine import session
+from core.db.exports import ExportRow
+from core.db.leases import EXPORT, Lease
 from core.store import utcnow
 
 EXPORT_ID_CHARS = 16
@@ -38,97 +44,122 @@ def valid_export_id(value: str) -> bool:
     return len(value) == EXPORT_ID_CHARS and all(c in "0123456789abcdef" for c in value)
 
 
+def lease_subject(job_id: str, eid: str) -> str:
+    return f"{job_id}/{eid}"
+
+
+def to_model(row: ExportRow) -> Export:
+    return Export(
+        id=row.id,
+        job_id=row.job_id,
+        format=row.format,
+        options=row.options or {},
+        status=row.status,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        artifact=row.artifact,
+        url=row.url,
+        size=row.size,
+        stats=row.stats or {},
+        error=row.error,
+    )
+
+
 class ExportStore:
-    def __init__(self, storage: LocalStorage):
+    def __init__(self, storage=None, settings=None):
+        if settings is None:
+            from core.settings import get_settings
+
+            settings = get_settings()
         self.storage = storage
+        self.settings = settings
 
-    def _paths(self, job_id: str) -> JobPaths:
-        return self.storage.paths(job_id)
-
-    def _file(self, job_id: str, eid: str):
+    def _row(self, s: Session, job_id: str, eid: str, lock: bool = False) -> ExportRow:
         if not valid_export_id(eid):
             raise ExportNotFound(eid)
-        return self._paths(job_id).exports / f"{eid}.json"
+        q = select(ExportRow).where(ExportRow.job_id == job_id, ExportRow.id == eid)
+        row = s.execute(q.with_for_update() if lock else q).scalar_one_or_none()
+        if row is None:
+            raise ExportNotFound(eid)
+        return row
 
     @contextmanager
-    def running(self, job_id: str, eid: str) -> Iterator[None]:
-        """Held by the worker for the whole export; the kernel drops it however the worker dies."""
-        path = self._file(job_id, eid).with_suffix(".run")
-        with open(path, "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            yield
+    def running(self, job_id: str, eid: str, ttl_s: float | None = None) -> Iterator[Any]:
+        """The export's lease, held and renewed while the worker runs it: yields its claim (the
+        worker losses so far), or None when another live worker runs it."""
+        ttl = self.settings.lease_ttl_s if ttl_s is None else ttl_s
+        subject = lease_subject(job_id, eid)
+        with leases.held(self.settings, EXPORT, subject, ttl, job_id=job_id) as claim:
+            yield claim
 
-    def _orphaned(self, job_id: str, export: Export) -> bool:
-        if export.status != ExportStatus.running:
+    def _orphaned(self, s: Session, row: ExportRow) -> bool:
+        if row.status != ExportStatus.running.value:
             return False
-        try:
-            with open(self._file(job_id, export.id).with_suffix(".run"), "a+") as fh:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-        except BlockingIOError:
-            return False
+        lease = s.get(Lease, (EXPORT, lease_subject(row.job_id, row.id)))
+        return leases.free(lease)
 
     def get(self, job_id: str, eid: str) -> Export:
-        try:
-            return Export.model_validate_json(self._file(job_id, eid).read_bytes())
-        except (FileNotFoundError, NotADirectoryError):
-            raise ExportNotFound(eid) from None
+        with session(self.settings) as s:
+            return to_model(self._row(s, job_id, eid))
 
     def list(self, job_id: str) -> list[Export]:
-        folder = self._paths(job_id).exports
-        out = []
-        for p in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-            try:
-                out.append(Export.model_validate_json(p.read_bytes()))
-            except (OSError, ValueError):
-                continue  # removed meanwhile
-        return sorted(out, key=lambda e: (e.created_at, e.id))
+        with session(self.settings) as s:
+            rows = s.execute(
+                select(ExportRow)
+                .where(ExportRow.job_id == job_id)
+                .order_by(ExportRow.created_at, ExportRow.id)
+            ).scalars()
+            return [to_model(r) for r in rows]
 
     def create_or_get(
         self, job_id: str, fmt: ExportFormat, options: dict[str, Any]
     ) -> tuple[Export, bool]:
         """The export for these format and options, and whether it was (re)created just now: a
-        failed one, or a running one whose worker is gone, is started again; anything else is
-        answered as it stands."""
+        failed one, or a running one whose worker is gone, is started again (with its count of
+        lost workers cleared for a failed one); anything else is answered as it stands."""
         eid = export_id(fmt, options)
-        paths = self._paths(job_id)
-        paths.exports.mkdir(parents=True, exist_ok=True)
-        with open(paths.exports / ".lock", "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
+        with session(self.settings, write=True) as s:
             try:
-                try:
-                    current = self.get(job_id, eid)
-                except (ExportNotFound, ValueError):
-                    current = None
-                if (
-                    current is not None
-                    and current.status != ExportStatus.failed
-                    and not self._orphaned(job_id, current)
-                ):
-                    return current, False
-                now = utcnow()
-                export = Export(
-                    id=eid,
-                    job_id=job_id,
-                    format=fmt,
-                    options=options,
-                    created_at=now,
-                    updated_at=now,
-                )
-                atomic_write_json(self._file(job_id, eid), export.model_dump(mode="json"))
-                return export, True
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+                current = self._row(s, job_id, eid, lock=True)
+            except ExportNotFound:
+                current = None
+            if current is None:
+                # Two requests creating it at once: the lease row's lock orders them.
+                leases.locked(s, EXPORT, lease_subject(job_id, eid), job_id)
+                current = s.execute(
+                    select(ExportRow).where(ExportRow.job_id == job_id, ExportRow.id == eid)
+                ).scalar_one_or_none()
+            if current is not None:
+                failed = current.status == ExportStatus.failed.value
+                if not failed and not self._orphaned(s, current):
+                    return to_model(current), False
+                if failed:
+                    lease = leases.locked(s, EXPORT, lease_subject(job_id, eid), job_id)
+                    lease.deliveries, lease.losses, lease.open = 0, 0, False
+                s.delete(current)
+                s.flush()
+            now = utcnow()
+            row = ExportRow(
+                job_id=job_id,
+                id=eid,
+                format=ExportFormat(fmt).value,
+                options=options,
+                status=ExportStatus.queued.value,
+                stats={},
+                created_at=now,
+                updated_at=now,
+            )
+            s.add(row)
+            s.flush()
+            return to_model(row), True
 
     def update(self, job_id: str, eid: str, **fields: Any) -> Export:
-        paths = self._paths(job_id)
-        with open(paths.exports / ".lock", "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                export = self.get(job_id, eid).model_copy(update={**fields, "updated_at": utcnow()})
-                # validate what was set (model_copy does not)
-                export = Export.model_validate(export.model_dump())
-                atomic_write_json(self._file(job_id, eid), export.model_dump(mode="json"))
-                return export
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        with session(self.settings, write=True) as s:
+            row = self._row(s, job_id, eid, lock=True)
+            export = to_model(row).model_copy(update={**fields, "updated_at": utcnow()})
+            # validate what was set (model_copy does not)
+            export = Export.model_validate(export.model_dump())
+            for name in ("status", "artifact", "url", "size", "stats", "error", "updated_at"):
+                value = getattr(export, name)
+                setattr(row, name, value.value if name == "status" else value)
+            return export

@@ -75,6 +75,9 @@ class Settings(BaseSettings):
         60.0, gt=0, description="how long the API waits for a render task"
     )
     max_path_frames: int = Field(360, gt=0, description="frames cap for one camera path render")
+    max_render_job_s: float = Field(
+        3600.0, gt=0, description="ceiling on one render job's (path, large frame) wall time"
+    )
     max_path_pixels: int = Field(
         100_000_000, gt=0, description="frames*width*height cap for one path render"
     )

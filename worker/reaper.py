@@ -1,110 +1,71 @@
-"""Poison and stranded trainings.
+"""Poison and stranded work: trainings, SfM stages, exports and render jobs.
 
-Deliveries: every nf.train delivery that gets the train lock is counted in `<job>/.delivery.json`
-and marked open until it ends (however it ends, short of its process dying). A delivery that
-finds the mark still open knows its predecessor's worker was lost (OOM, segfault, SIGKILL);
-after MAX_WORKER_LOSSES of those the job fails instead of taking the next worker down too.
+Deliveries: every delivery of a training, an export or a render job that gets its lease
+(core/leases.py) is counted on the lease row and marked open until it ends (however it ends,
+short of its process dying). A delivery that finds the mark still open knows its predecessor's
+worker was lost (OOM, segfault, SIGKILL); after MAX_WORKER_LOSSES of those the work fails
+instead of taking the next worker down too.
 
-Lease: while a job trains, its trainer touches `<job>/.lease` every LEASE_TTL_S / 4. A `running`
-job whose lease is older than LEASE_TTL_S and whose train lock is free has nobody training it.
+Leases: while a job trains (or runs its SfM stage), an export runs or a render job renders,
+its worker renews the lease's expiry every LEASE_TTL_S / 4. Work marked running whose lease ran
+out has nobody working on it.
 
-Reaper: a timer in each train worker (every REAPER_INTERVAL_S, one worker at a time) sends such
-jobs again, re-sends `queued` jobs the broker no longer holds (a Redis that lost its queue, an
-API that died between writing job.json and sending the task), and removes upload folders a
-crashed API left behind. Sending a job twice is harmless: the train lock lets one delivery train.
+Reaper: a timer in each train worker; one of them, on any host, runs each round (it holds the
+`reaper` lease for REAPER_INTERVAL_S). A round sends again: running work whose lease ran out,
+and queued work older than QUEUED_GRACE_S that the broker no longer holds (a Redis that lost its
+queue, an API that died between recording the work and sending its task) — to the queue it is
+waiting in (a scene job waiting for its SfM goes to `preprocess`, never to `train`). It fails
+render jobs running past MAX_RENDER_JOB_S, and removes upload folders a crashed API left behind.
+Candidates come from the status indexes of the jobs, exports and renders tables (rows locked
+with `FOR UPDATE SKIP LOCKED` on PostgreSQL), so a round costs the same however many finished
+jobs there are. Sending work twice is harmless: its lease lets one delivery run it.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import and_, or_, select
 
 from api_schemas.jobs import JobStatus
-from api_schemas.tasks import TrainTask
-from core.celery_config import TRAIN_QUEUE, broker_dirs, send
-from core.storage import JobPaths, atomic_write_json, flock
-from core.store import JobNotFound, JobStore
+from api_schemas.tasks import (
+    ExportTask,
+    PreprocessTask,
+    RenderFrameJobTask,
+    RenderPathJobTask,
+    TrainTask,
+)
+from core import leases
+from core.celery_config import (
+    EXPORT_QUEUE,
+    PREPROCESS_QUEUE,
+    RENDER_QUEUE,
+    TRAIN_QUEUE,
+    broker_dirs,
+    send,
+    task_id_for,
+)
+from core.db.engine import session
+from core.db.exports import ExportRow
+from core.db.jobs import JobRow
+from core.db.leases import EXPORT, REAPER, RENDER, TRAIN, Lease
+from core.db.renders import RenderRow
+from core.exports import lease_subject
+from core.store import JobStore
 
 log = logging.getLogger(__name__)
-TRAIN_LOCK = ".train.lock"
-DELIVERY_FILE = ".delivery.json"
-LEASE_FILE = ".lease"
-REAPER_LOCK = ".reaper.lock"
-
-
-# -- deliveries ------------------------------------------------------------------------------
-def open_delivery(paths: JobPaths) -> int:
-    """Count this delivery (caller holds the train lock); returns the worker losses so far."""
-    f = paths.root / DELIVERY_FILE
-    try:
-        state = json.loads(f.read_text())
-    except (FileNotFoundError, ValueError):
-        state = {"deliveries": 0, "losses": 0, "open": False}
-    if state.get("open"):
-        state["losses"] = int(state.get("losses", 0)) + 1
-    state["deliveries"] = int(state.get("deliveries", 0)) + 1
-    state["open"] = True
-    atomic_write_json(f, state)
-    return state["losses"]
-
-
-def close_delivery(paths: JobPaths) -> None:
-    f = paths.root / DELIVERY_FILE
-    try:
-        state = json.loads(f.read_text())
-        state["open"] = False
-        atomic_write_json(f, state)
-    except (OSError, ValueError):
-        log.warning("could not close the delivery record of %s", paths.root.name, exc_info=True)
-
-
-# -- lease -----------------------------------------------------------------------------------
-@contextmanager
-def lease(paths: JobPaths, ttl_s: float) -> Iterator[None]:
-    """Renew `<job>/.lease` (its mtime) while the body runs. utime needs no free disk blocks."""
-    f = paths.root / LEASE_FILE
-    stop = threading.Event()
-
-    def renew() -> None:
-        while True:
-            try:
-                f.touch()
-            except OSError:
-                log.debug("lease renewal failed", exc_info=True)
-            if stop.wait(ttl_s / 4):
-                return
-
-    thread = threading.Thread(target=renew, name=f"lease-{paths.root.name[:8]}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-
-
-def lease_age(paths: JobPaths) -> float | None:
-    try:
-        return time.time() - (paths.root / LEASE_FILE).stat().st_mtime
-    except FileNotFoundError:
-        return None
-
-
-def lock_free(paths: JobPaths) -> bool:
-    try:
-        with open(paths.root / TRAIN_LOCK, "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-    except BlockingIOError:
-        return False
+REAPER_SUBJECT = "round"
+QUEUES = (TRAIN_QUEUE, PREPROCESS_QUEUE, RENDER_QUEUE, EXPORT_QUEUE)
 
 
 # -- what the broker holds -------------------------------------------------------------------
@@ -119,8 +80,9 @@ def _task_id(raw: bytes | str) -> str | None:
 
 
 def broker_task_ids(settings) -> set[str] | None:
-    """Task ids of train messages waiting in (or taken but unacked from) the broker; None when
-    that cannot be told, in which case nothing is re-sent on its account."""
+    """Task ids of background messages waiting in (or taken but unacked from) the broker's
+    train, preprocess and render queues; None when that cannot be told, in which case nothing
+    is re-sent on its account."""
     try:
         if settings.redis_url:
             import redis
@@ -128,9 +90,10 @@ def broker_task_ids(settings) -> set[str] | None:
             r = redis.Redis.from_url(settings.redis_url, socket_timeout=5)
             raws: list = []
             # kombu's priority lists: "train", "train\x06\x163", ...
-            for name in r.scan_iter(match=TRAIN_QUEUE + "*", count=100):
-                if r.type(name) == b"list":
-                    raws += r.lrange(name, 0, -1)
+            for queue in sorted(set(QUEUES)):
+                for name in r.scan_iter(match=queue + "*", count=100):
+                    if r.type(name) == b"list":
+                        raws += r.lrange(name, 0, -1)
             raws += r.hvals("unacked")
         else:
             folder = broker_dirs(settings)["queue"]
@@ -146,7 +109,187 @@ def broker_task_ids(settings) -> set[str] | None:
     return {i for i in map(_task_id, raws) if i}
 
 
-# -- the reaper ------------------------------------------------------------------------------
+# -- candidates ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Resend:
+    """One message to send again."""
+
+    task: Any
+    queue: str
+    why: str  # "lost worker" | "lost message"
+
+
+def _skip_locked(q, *of):
+    return q.with_for_update(skip_locked=True, of=of or None)
+
+
+def _first_task(row: JobRow):
+    if (row.dataset or {}).get("sfm") == "pending":
+        return PreprocessTask(job_id=row.id), PREPROCESS_QUEUE
+    return TrainTask(job_id=row.id), TRAIN_QUEUE
+
+
+def _recently_resent(lease: Lease | None, now, ttl: timedelta) -> bool:
+    return lease is not None and lease.resent_at is not None and lease.resent_at > now - ttl
+
+
+def _mark_resent(s, kind: str, subject: str, job_id: str, now) -> None:
+    leases.locked(s, kind, subject, job_id).resent_at = now
+
+
+def stranded_jobs(settings, in_broker: set[str] | None) -> list[Resend]:
+    """Running jobs whose train lease ran out (the trainer or SfM stage died with its host),
+    and queued jobs older than QUEUED_GRACE_S whose message the broker does not hold (sent to
+    the stage they wait for). Marks them re-sent."""
+    now = leases.utcnow()
+    ttl = timedelta(seconds=settings.lease_ttl_s)
+    out: list[Resend] = []
+    with session(settings, write=True) as s:
+        running = s.execute(
+            _skip_locked(
+                select(JobRow, Lease)
+                .join(Lease, and_(Lease.kind == TRAIN, Lease.subject == JobRow.id), isouter=True)
+                .where(JobRow.status == JobStatus.running.value),
+                JobRow,
+            )
+        ).all()
+        grace = now - timedelta(seconds=settings.queued_grace_s)
+        for job, lease in running:
+            if lease is None or lease.holder is None:
+                # Between stages (SfM done, its training waiting in the queue) or never
+                # claimed: lost only if the broker lost its message too.
+                if job.updated_at > grace or in_broker is None or job.id in in_broker:
+                    continue
+            elif not leases.free(lease, now):
+                continue
+            if _recently_resent(lease, now, ttl):
+                continue
+            task, queue = _first_task(job)
+            _mark_resent(s, TRAIN, job.id, job.id, now)
+            out.append(Resend(task, queue, "lost worker"))
+        if in_broker is None:
+            return out
+        queued = s.execute(
+            _skip_locked(
+                select(JobRow, Lease)
+                .join(Lease, and_(Lease.kind == TRAIN, Lease.subject == JobRow.id), isouter=True)
+                .where(JobRow.status == JobStatus.queued.value, JobRow.updated_at < grace),
+                JobRow,
+            )
+        ).all()
+        for job, lease in queued:
+            if job.id in in_broker or not leases.free(lease, now):
+                continue
+            if _recently_resent(lease, now, ttl):
+                continue
+            task, queue = _first_task(job)
+            _mark_resent(s, TRAIN, job.id, job.id, now)
+            out.append(Resend(task, queue, "lost message"))
+    return out
+
+
+def stranded_exports(settings, in_broker: set[str] | None) -> list[Resend]:
+    """Running exports whose lease ran out, queued ones the broker lost. Sent again, each new
+    delivery counts a lost worker on the lease, so the cap fails an export that kills workers."""
+    now = leases.utcnow()
+    ttl = timedelta(seconds=settings.lease_ttl_s)
+    grace = now - timedelta(seconds=settings.queued_grace_s)
+    out: list[Resend] = []
+    with session(settings, write=True) as s:
+        rows = (
+            s.execute(
+                _skip_locked(
+                    select(ExportRow).where(
+                        or_(
+                            ExportRow.status == "running",
+                            and_(ExportRow.status == "queued", ExportRow.updated_at < grace),
+                        )
+                    )
+                )
+            )
+            .scalars()
+            .all()
+        )
+        for row in rows:
+            subject = lease_subject(row.job_id, row.id)
+            lease = s.get(Lease, (EXPORT, subject))
+            if not leases.free(lease, now) or _recently_resent(lease, now, ttl):
+                continue
+            task = ExportTask(job_id=row.job_id, export_id=row.id)
+            if row.status == "running":
+                if lease is None and row.updated_at > now - ttl:
+                    continue
+                why = "lost worker"
+            elif in_broker is None or task_id_for(task) in in_broker:
+                continue
+            else:
+                why = "lost message"
+            _mark_resent(s, EXPORT, subject, row.job_id, now)
+            out.append(Resend(task, EXPORT_QUEUE, why))
+    return out
+
+
+def stranded_renders(settings, in_broker: set[str] | None) -> list[Resend]:
+    """Render jobs: running past MAX_RENDER_JOB_S -> failed; running with a lease that ran out,
+    or queued and lost by the broker -> sent again (from the request kept with them)."""
+    now = leases.utcnow()
+    ttl = timedelta(seconds=settings.lease_ttl_s)
+    grace = now - timedelta(seconds=settings.queued_grace_s)
+    ceiling = now - timedelta(seconds=settings.max_render_job_s) - ttl
+    out: list[Resend] = []
+    with session(settings, write=True) as s:
+        rows = (
+            s.execute(
+                _skip_locked(
+                    select(RenderRow).where(
+                        or_(
+                            RenderRow.status == "running",
+                            and_(RenderRow.status == "queued", RenderRow.updated_at < grace),
+                        )
+                    )
+                )
+            )
+            .scalars()
+            .all()
+        )
+        for row in rows:
+            if row.status == "running" and row.created_at < ceiling:
+                row.status, row.updated_at = "failed", now
+                row.error = (
+                    f"the render ran past its time ceiling of {settings.max_render_job_s:g} s "
+                    "(MAX_RENDER_JOB_S)"
+                )
+                continue
+            lease = s.get(Lease, (RENDER, row.id))
+            if not leases.free(lease, now) or _recently_resent(lease, now, ttl):
+                continue
+            if row.request is None:
+                row.status, row.updated_at = "failed", now
+                row.error = "the render job's message was lost; ask for it again"
+                continue
+            cls = RenderFrameJobTask if row.kind == "frame" else RenderPathJobTask
+            try:
+                task = cls.model_validate(
+                    {"job_id": row.job_id, "render_id": row.id, "request": row.request}
+                )
+            except ValidationError:  # kept by an API of another version
+                row.status, row.updated_at = "failed", now
+                row.error = "the render job's message was lost; ask for it again"
+                continue
+            if row.status == "running":
+                if lease is None and row.updated_at > now - ttl:
+                    continue
+                why = "lost worker"
+            elif in_broker is None or task_id_for(task) in in_broker:
+                continue
+            else:
+                why = "lost message"
+            _mark_resent(s, RENDER, row.id, row.job_id, now)
+            out.append(Resend(task, RENDER_QUEUE, why))
+    return out
+
+
+# -- stale uploads ---------------------------------------------------------------------------
 def _newest_mtime(root: Path) -> float:
     newest = root.stat().st_mtime
     for dirpath, _dirs, files in os.walk(root):
@@ -159,76 +302,72 @@ def _newest_mtime(root: Path) -> float:
 
 
 def remove_stale_uploads(store: JobStore, stale_s: float) -> list[str]:
-    """Job folders without job.json (an upload that never finished: the API died mid-way)
+    """Local job folders of no made job (an upload that never finished: the API died mid-way)
     untouched for stale_s."""
-    removed = []
-    jobs_dir = store.storage.jobs_dir
-    if not jobs_dir.is_dir():
+    removed: list[str] = []
+    jobs_dir = getattr(store.storage, "jobs_dir", None)
+    if jobs_dir is None or not jobs_dir.is_dir():
         return removed
     now = time.time()
     for entry in os.scandir(jobs_dir):
         root = Path(entry.path)
-        if not entry.is_dir() or (root / "job.json").exists():
+        if not entry.is_dir():
             continue
         try:
-            if now - _newest_mtime(root) < stale_s:
+            if now - _newest_mtime(root) < stale_s or store.exists(entry.name):
                 continue
-        except FileNotFoundError:
+        except (FileNotFoundError, ValueError):
             continue
-        if not (root / "job.json").exists():
-            shutil.rmtree(root, ignore_errors=True)
-            removed.append(entry.name)
+        shutil.rmtree(root, ignore_errors=True)
+        removed.append(entry.name)
     if removed:
         log.warning("removed %d abandoned upload folder(s): %s", len(removed), ", ".join(removed))
     return removed
 
 
-def stranded_jobs(store: JobStore, settings) -> list[str]:
-    """`running` jobs nobody trains (lease stale, lock free), and `queued` jobs older than
-    QUEUED_GRACE_S that the broker does not hold."""
-    in_broker: set[str] | None = None
-    out = []
-    now = time.time()
-    for job_id in store.storage.job_ids():
-        try:
-            job = store.get(job_id)
-            paths = store.storage.paths(job_id)
-            if job.status == JobStatus.running:
-                age = lease_age(paths)
-                if age is None:
-                    age = now - job.updated_at.timestamp()
-                if age > settings.lease_ttl_s and lock_free(paths):
-                    out.append(job_id)
-            elif job.status == JobStatus.queued:
-                if now - job.updated_at.timestamp() < settings.queued_grace_s:
-                    continue
-                if in_broker is None:
-                    in_broker = broker_task_ids(settings)
-                    if in_broker is None:
-                        continue
-                if job_id not in in_broker and lock_free(paths):
-                    out.append(job_id)
-        except (JobNotFound, ValueError, OSError):
-            continue
-    return out
+# -- the reaper ------------------------------------------------------------------------------
+def stranded(settings) -> list[Resend]:
+    """Everything a round would send again (and marks it re-sent)."""
+    in_broker = broker_task_ids(settings)
+    return [
+        *stranded_jobs(settings, in_broker),
+        *stranded_exports(settings, in_broker),
+        *stranded_renders(settings, in_broker),
+    ]
 
 
-def reap(app, store: JobStore, settings) -> list[str]:
-    sent = stranded_jobs(store, settings)
-    for job_id in sent:
-        send(app, TrainTask(job_id=job_id), TRAIN_QUEUE, task_id=job_id, ignore_result=True)
+def reap(app, store: JobStore, settings) -> list[Resend]:
+    sent = stranded(settings)
+    for r in sent:
+        send(app, r.task, r.queue, ignore_result=True)
     if sent:
-        log.warning("reaper re-sent %d stranded training(s): %s", len(sent), ", ".join(sent))
+        log.warning(
+            "reaper re-sent %d stranded task(s): %s",
+            len(sent),
+            ", ".join(f"{r.task.name}[{task_id_for(r.task)}] ({r.why})" for r in sent),
+        )
     remove_stale_uploads(store, settings.stale_upload_s)
     return sent
 
 
-@contextmanager
-def _one_reaper(store: JobStore) -> Iterator[bool]:
-    """Only one worker reaps at a time (the others skip this round)."""
-    store.storage.ensure()
-    with flock(store.storage.data_dir / REAPER_LOCK, blocking=False) as mine:
-        yield mine
+def orphans(settings) -> list[Resend]:
+    """At a worker's start: queued and running jobs nobody holds (their worker died with this
+    host's previous worker, whose leases name dead processes), sent again at once. Queued ones
+    too, in case the broker lost their message (the filesystem broker loses a taken one; a
+    Redis restarted without persistence all of them)."""
+    now = leases.utcnow()
+    out = []
+    with session(settings) as s:
+        rows = s.execute(
+            select(JobRow, Lease)
+            .join(Lease, and_(Lease.kind == TRAIN, Lease.subject == JobRow.id), isouter=True)
+            .where(JobRow.status.in_((JobStatus.queued.value, JobStatus.running.value)))
+        ).all()
+        for job, lease in rows:
+            if leases.free(lease, now):
+                task, queue = _first_task(job)
+                out.append(Resend(task, queue, job.status))
+    return out
 
 
 def start_reaper(app, store_factory, settings) -> threading.Thread:
@@ -236,10 +375,12 @@ def start_reaper(app, store_factory, settings) -> threading.Thread:
         while True:
             time.sleep(settings.reaper_interval_s)
             try:
-                store = store_factory()
-                with _one_reaper(store) as mine:
-                    if mine:
-                        reap(app, store, settings)
+                # One reaper per round on any host: the lease is left to run out, not released.
+                mine = leases.claim(
+                    settings, REAPER, REAPER_SUBJECT, settings.reaper_interval_s * 0.9, count=False
+                )
+                if mine is not None:
+                    reap(app, store_factory(), settings)
             except Exception:
                 log.exception("reaper round failed")
 

@@ -3,7 +3,8 @@
 nf.render_path_job renders a camera path into the artifact `path-<render_id>.<format>`;
 nf.render_frame_job one frame over the API's RENDER_WAIT_PIXELS (or its estimate from the job's
 render speed), in bands of rows, into `frame-<render_id>.<ext>`. Progress (frames_done,
-pixels_done) and the outcome go to the render job's state."""
+pixels_done) and the outcome go to the render job's row, under its lease; MAX_RENDER_JOB_S
+bounds each."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import ValidationError
 
 from api_schemas.tasks import RenderFrameJobTask, RenderPathJobTask
 from core import path_jobs
+from core.settings import get_settings
 from core.storage import JobPaths
 from worker.app import app
 from worker.jobs import RenderError, kind_function
@@ -61,6 +64,9 @@ def _reporter(paths: JobPaths, render_id: str, field: str) -> Callable[[int, int
 def _fail(paths: JobPaths, job_id: str, render_id: str, exc: Exception, what: str) -> None:
     if isinstance(exc, RenderError):
         error = exc.detail
+    elif isinstance(exc, SoftTimeLimitExceeded):
+        limit = get_settings().max_render_job_s
+        error = f"the render ran past its time ceiling of {limit:g} s (MAX_RENDER_JOB_S)"
     else:
         log.exception("%s job %s of %s failed", what, render_id, job_id)
         error = f"render failed: {_short_error(exc)}"
@@ -79,8 +85,44 @@ def _start(store, job_id: str, paths: JobPaths, work: JobPaths, render_id: str):
     return checkpoint
 
 
-@app.task(name=RenderPathJobTask.name, ignore_result=True, acks_late=False)
+def _leased(job_id: str, render_id: str, body: Callable[[], None]) -> None:
+    """Run `body` holding the render job's lease: a second delivery leaves it to the live
+    worker, a finished one is not rendered again, and one whose workers died MAX_WORKER_LOSSES
+    times fails instead of taking the next worker down too."""
+    try:
+        paths = _store().storage.paths(job_id)
+        with path_jobs.running(paths, render_id) as claim:
+            if claim is None:
+                log.info("render job %s/%s is rendered by another worker", job_id, render_id)
+                return
+            if path_jobs.read(paths, render_id)["status"] in ("succeeded", "failed"):
+                return
+            cap = get_settings().max_worker_losses
+            if claim.losses >= cap:
+                path_jobs.update(
+                    paths,
+                    render_id,
+                    status="failed",
+                    error=f"worker lost {claim.losses} times (MAX_WORKER_LOSSES={cap}): the "
+                    "render process died each time (out of memory? a crash?)",
+                )
+                return
+            body()
+    except (ValueError, FileNotFoundError):
+        log.warning("render job %s/%s does not exist (deleted?)", job_id, render_id)
+
+
+@app.task(
+    name=RenderPathJobTask.name,
+    ignore_result=True,
+    acks_late=False,
+    soft_time_limit=get_settings().max_render_job_s,
+)
 def render_path_job(job_id: str, render_id: str, request: dict[str, Any]) -> None:
+    _leased(job_id, render_id, lambda: _render_path_job(job_id, render_id, request))
+
+
+def _render_path_job(job_id: str, render_id: str, request: dict[str, Any]) -> None:
     opened = _open(RenderPathJobTask, job_id, render_id, request)
     if opened is None:
         return
@@ -105,8 +147,17 @@ def render_path_job(job_id: str, render_id: str, request: dict[str, Any]) -> Non
     path_jobs.update(paths, render_id, status="succeeded", artifact=name)
 
 
-@app.task(name=RenderFrameJobTask.name, ignore_result=True, acks_late=False)
+@app.task(
+    name=RenderFrameJobTask.name,
+    ignore_result=True,
+    acks_late=False,
+    soft_time_limit=get_settings().max_render_job_s,
+)
 def render_frame_job(job_id: str, render_id: str, request: dict[str, Any]) -> None:
+    _leased(job_id, render_id, lambda: _render_frame_job(job_id, render_id, request))
+
+
+def _render_frame_job(job_id: str, render_id: str, request: dict[str, Any]) -> None:
     opened = _open(RenderFrameJobTask, job_id, render_id, request)
     if opened is None:
         return

@@ -4,7 +4,6 @@ worker.jobs.<kind>; structure from motion for uploads without poses in worker.sf
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import signal
@@ -30,8 +29,9 @@ from api_schemas.tasks import (
     RenderTask,
     TrainTask,
 )
-from core import metrics, webhooks
+from core import leases, metrics, webhooks
 from core.celery_config import PREPROCESS_QUEUE, TRAIN_QUEUE, send
+from core.db.leases import TRAIN
 from core.process import set_parent_death_signal
 from core.settings import get_settings
 from core.storage import Storage, get_storage, without_paths
@@ -51,13 +51,7 @@ from worker.jobs import (
 )
 from worker.memory import reuse_freed_memory
 from worker.progress import ProgressReporter
-from worker.reaper import (
-    close_delivery,
-    lease,
-    lock_free,
-    open_delivery,
-    start_reaper,
-)
+from worker.reaper import orphans, start_reaper
 from worker.scratch import is_local, job_work_dir
 from worker.sfm import stage as sfm_stage
 
@@ -124,30 +118,21 @@ def _start(store: JobStore, job_id: str):
 
 
 # -- training ------------------------------------------------------------------------------
-TRAIN_LOCK = ".train.lock"
-
-
-@contextmanager
-def _train_lock(paths, wait_s: float = 5.0) -> Iterator[bool]:
-    """An exclusive flock held for the whole training: a second delivery of the same job (a
-    redelivered or requeued message) sees it held and leaves the job to its trainer. The kernel
-    drops the lock when the trainer dies, however it dies, which is how orphans are told apart."""
-    fh = open(paths.root / TRAIN_LOCK, "a+")
-    deadline = time.monotonic() + wait_s
-    try:
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                # Someone else really is training it, or this worker is shutting down.
-                if time.monotonic() > deadline or STOP.is_set():
-                    yield False
-                    return
-                time.sleep(0.05)  # maybe just an orphan check peeking
-        yield True
-    finally:
-        fh.close()
+def _train_lease(settings, job_id: str, count: bool):
+    """The job's train lease (core/leases.py), renewed while held: one delivery trains (or runs
+    the SfM stage of) a job at a time, on any host. A second delivery of the same job (a
+    redelivered or re-sent message) finds it held and leaves the job to its holder. Yields the
+    claim (with the worker losses so far), or None."""
+    return leases.held(
+        settings,
+        TRAIN,
+        job_id,
+        settings.lease_ttl_s,
+        job_id=job_id,
+        count=count,
+        wait_s=5.0,
+        give_up=STOP.is_set,
+    )
 
 
 @app.task(
@@ -162,13 +147,12 @@ def train(job_id: str) -> None:
     settings = get_settings()
     store = _store()
     try:
-        paths = store.storage.paths(job_id)
         store.get(job_id)
     except (JobNotFound, ValueError):
         log.warning("nf.train: job %s does not exist (deleted?)", job_id)
         return
-    with _stops_on_sigterm(), _train_lock(paths) as mine:
-        if not mine:
+    with _stops_on_sigterm(), _train_lease(settings, job_id, count=True) as mine:
+        if mine is None:
             log.warning(
                 "nf.train: job %s is being trained by another process; dropping this delivery",
                 job_id,
@@ -177,20 +161,17 @@ def train(job_id: str) -> None:
         if sfm_stage.needs_preprocess(store.storage, job_id):  # an orphan waiting for its SfM
             _send(PreprocessTask(job_id=job_id), PREPROCESS_QUEUE)
             return
-        losses = open_delivery(paths)
-        try:
-            if losses >= settings.max_worker_losses:
-                _fail_when_possible(
-                    store,
-                    job_id,
-                    f"worker lost {losses} times (MAX_WORKER_LOSSES={settings.max_worker_losses}):"
-                    " the training process died each time (out of memory? a crash?)",
-                )
-                return
-            with lease(paths, settings.lease_ttl_s), work_dir(store.storage, job_id) as work:
-                _train_locked(store, settings, job_id, work)
-        finally:
-            close_delivery(paths)
+        losses = mine.losses
+        if losses >= settings.max_worker_losses:
+            _fail_when_possible(
+                store,
+                job_id,
+                f"worker lost {losses} times (MAX_WORKER_LOSSES={settings.max_worker_losses}):"
+                " the training process died each time (out of memory? a crash?)",
+            )
+            return
+        with work_dir(store.storage, job_id) as work:
+            _train_locked(store, settings, job_id, work)
 
 
 def _send(task: TrainTask | PreprocessTask, queue: str) -> None:
@@ -206,13 +187,12 @@ def preprocess(job_id: str) -> None:
     settings = get_settings()
     store = _store()
     try:
-        paths = store.storage.paths(job_id)
         job = store.get(job_id)
     except (JobNotFound, ValueError):
         log.warning("nf.preprocess: job %s does not exist (deleted?)", job_id)
         return
-    with _train_lock(paths) as mine:
-        if not mine:
+    with _train_lease(settings, job_id, count=False) as mine:
+        if mine is None:
             log.warning("nf.preprocess: job %s is held by another process", job_id)
             return
         if sfm_stage.needs_preprocess(store.storage, job_id):
@@ -403,33 +383,20 @@ def _stop_trainings(sig=None, how=None, **_):
 
 
 # -- orphaned trainings ---------------------------------------------------------------------
-_lock_free = lock_free
-
-
 def requeue_orphans() -> list[str]:
     """`running` jobs that nobody trains (the whole worker was killed, so the broker never saw
     the task fail): send them again; they resume from their latest checkpoint. `queued` jobs
-    are sent again too, in case the broker lost their message. The filesystem
-    broker loses such a message; Redis would hold it back for the visibility timeout. Sending
-    one twice is harmless: the train lock lets only one delivery train."""
-    store = _store()
-    sent, queued = [], []
-    for job_id in store.storage.job_ids():
-        try:
-            status = store.get(job_id).status
-            if status not in (JobStatus.running, JobStatus.queued):
-                continue
-            orphan = _lock_free(store.storage.paths(job_id))
-        except (JobNotFound, ValueError, OSError):
-            continue
-        if orphan:
-            _send(TrainTask(job_id=job_id), TRAIN_QUEUE)
-            (sent if status == JobStatus.running else queued).append(job_id)
+    nobody holds are sent again too, in case the broker lost their message (the filesystem
+    broker loses a taken one; Redis would hold it back for the visibility timeout). Sending one
+    twice is harmless: the train lease lets only one delivery train."""
+    found = orphans(get_settings())
+    for r in found:
+        _send(r.task, r.queue)
+    sent = [r.task.job_id for r in found if r.why == JobStatus.running.value]
+    queued = [r.task.job_id for r in found if r.why != JobStatus.running.value]
     if sent:
         log.warning("requeued %d orphaned training(s): %s", len(sent), ", ".join(sent))
     if queued:
-        # job.json is the record of what was asked for; a broker that lost its messages (Redis
-        # restarted without persistence) would otherwise leave these queued forever.
         log.warning(
             "re-sent %d queued training(s) from the job store: %s", len(queued), ", ".join(queued)
         )

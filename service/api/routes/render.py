@@ -171,7 +171,14 @@ async def render(
         paths = storage.paths(job.id)
         render_id = path_jobs.new_id()
         state = path_jobs.create(
-            paths, render_id, job.id, req.format, 1, kind="frame", n_pixels=req.width * req.height
+            paths,
+            render_id,
+            job.id,
+            req.format,
+            1,
+            kind="frame",
+            n_pixels=req.width * req.height,
+            request=req.model_dump(mode="json"),
         )
         await asyncio.to_thread(queue.send_frame_job, job.id, render_id, req)
         view = path_job_view(state)
@@ -215,7 +222,9 @@ async def render_path(
     if req.mode == "job" or (req.mode is None and pixels > settings.path_wait_pixels):
         paths = storage.paths(job.id)
         render_id = path_jobs.new_id()
-        state = path_jobs.create(paths, render_id, job.id, req.format, req.frames)
+        state = path_jobs.create(
+            paths, render_id, job.id, req.format, req.frames, request=req.model_dump(mode="json")
+        )
         await asyncio.to_thread(queue.send_path_job, job.id, render_id, req)
         view = path_job_view(state)
         return JSONResponse(view.model_dump(), status_code=202, headers={"Location": view.url})

@@ -1,0 +1,127 @@
+"""The reaper's rounds (worker/reaper.py) on SQLite and PostgreSQL, with the broker a real
+Redis: a queued job whose message is lost is sent again, once; a scene job waiting in the
+preprocess queue is left alone (and, lost, goes back to preprocess, not train); a running job
+whose train lease ran out is sent again, one whose holder renews is not; exports and render
+jobs get the same coverage; a render job past MAX_RENDER_JOB_S fails; candidates come from the
+unfinished rows only."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from celery import Celery
+
+from api_schemas.exports import ExportFormat, ExportStatus
+from api_schemas.jobs import JobStatus
+from api_schemas.render import Orbit, PathRequest
+from api_schemas.tasks import PreprocessTask, TrainTask
+from core import leases, path_jobs
+from core.celery_config import PREPROCESS_QUEUE, TRAIN_QUEUE, celery_config, send
+from core.db.leases import TRAIN
+from core.exports import ExportStore
+from core.settings import Settings
+from core.storage import LocalStorage
+from core.store import JobStore
+from tests.support.databases import KINDS, database
+from tests.support.stack import redis_url_or_skip
+from worker import reaper
+
+ELSEWHERE = "other-host/boot/ns:4242:abc"
+PATH = PathRequest(orbit=Orbit(radius=2.0, n_frames=4), width=8, height=8)
+
+
+@pytest.fixture(params=KINDS)
+def env(request, tmp_path):
+    redis_url = redis_url_or_skip(14)
+    with database(request.param, tmp_path) as url:
+        settings = Settings(
+            data_dir=tmp_path,
+            database_url=url,
+            redis_url=redis_url,
+            lease_ttl_s=1.0,
+            queued_grace_s=0.0,
+            max_render_job_s=2.0,
+        )
+        client = Celery("test-reaper")
+        client.conf.update(celery_config(settings))
+        store = JobStore(LocalStorage(tmp_path), url=url)
+        yield settings, store, client
+
+
+def _job(store: JobStore, dataset: dict | None = None) -> str:
+    job_id = str(uuid.uuid4())
+    store.reserve(job_id, "k-owner")
+    store.create(job_id, "image", {}, dataset or {}, owner="k-owner")
+    return job_id
+
+
+def _sent(found) -> dict[str, tuple[str, str]]:
+    return {r.task.job_id: (r.task.name, r.queue) for r in found}
+
+
+def test_lost_queued_jobs_are_sent_to_their_stage_once(env):
+    settings, store, client = env
+    waiting_sfm = _job(store, {"sfm": "pending"})
+    waiting_train = _job(store)
+    lost_train = _job(store)
+    lost_sfm = _job(store, {"sfm": "pending"})
+    finished = _job(store)
+    store.set_status(finished, JobStatus.succeeded)
+    send(client, PreprocessTask(job_id=waiting_sfm), PREPROCESS_QUEUE, ignore_result=True)
+    send(client, TrainTask(job_id=waiting_train), TRAIN_QUEUE, ignore_result=True)
+    in_broker = reaper.broker_task_ids(settings)
+    assert {waiting_sfm, waiting_train} <= in_broker
+
+    found = _sent(reaper.stranded(settings))
+    assert found == {
+        lost_train: (TrainTask.name, TRAIN_QUEUE),
+        lost_sfm: (PreprocessTask.name, PREPROCESS_QUEUE),
+    }
+    assert reaper.stranded(settings) == []  # re-sent: not again within a lease TTL
+
+
+def test_running_jobs_are_sent_again_when_their_lease_runs_out(env):
+    settings, store, _ = env
+    dead, alive = _job(store), _job(store)
+    for job_id in (dead, alive):
+        store.set_status(job_id, JobStatus.running)
+    gone = leases.claim(settings, TRAIN, dead, 0.5, job_id=dead, holder=ELSEWHERE)
+    assert gone is not None
+    with leases.held(settings, TRAIN, alive, 0.5, job_id=alive):
+        assert reaper.stranded(settings) == []  # both leases still live
+        time.sleep(0.8)
+        assert _sent(reaper.stranded(settings)) == {dead: (TrainTask.name, TRAIN_QUEUE)}
+    # The re-sent delivery counts the worker its predecessor lost.
+    again = leases.claim(settings, TRAIN, dead, 30, job_id=dead)
+    assert again is not None and again.losses == 1
+
+
+def test_exports_and_render_jobs_are_covered(env):
+    settings, store, _ = env
+    job_id = _job(store)
+    store.set_status(job_id, JobStatus.succeeded)
+    exports = ExportStore(None, settings)
+    lost_msg, _ = exports.create_or_get(job_id, ExportFormat.splat, {})
+    lost_worker, _ = exports.create_or_get(job_id, ExportFormat.ply, {})
+    exports.update(job_id, lost_worker.id, status=ExportStatus.running)
+    leases.claim(
+        settings, "export", f"{job_id}/{lost_worker.id}", 0.3, job_id=job_id, holder=ELSEWHERE
+    )
+    slow = path_jobs.new_id()
+    path_jobs.create(
+        job_id, slow, job_id, "webp", 4, request=PATH.model_dump(mode="json"), settings=settings
+    )
+    path_jobs.update(job_id, slow, settings=settings, status="running")
+    unrecoverable = path_jobs.new_id()
+    path_jobs.create(job_id, unrecoverable, job_id, "webp", 4, settings=settings)
+    time.sleep(0.5)
+
+    found = {(r.task.name, getattr(r.task, "export_id", None)) for r in reaper.stranded(settings)}
+    assert found == {("nf.export", lost_msg.id), ("nf.export", lost_worker.id)}
+    assert path_jobs.read(job_id, unrecoverable, settings=settings)["status"] == "failed"
+    time.sleep(3.0)  # past MAX_RENDER_JOB_S + the lease TTL
+    reaper.stranded(settings)
+    state = path_jobs.read(job_id, slow, settings=settings)
+    assert state["status"] == "failed" and "MAX_RENDER_JOB_S" in state["error"]
