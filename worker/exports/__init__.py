@@ -1,7 +1,7 @@
 """Exports of trained scenes (task `nf.export`): meshes and point clouds of nerf jobs, the 3DGS
 PLY, `.splat` files and point clouds of splat jobs. The API has validated the format against the
 job's kind and the options against the format (api_schemas/exports.py); state is kept in
-`<job>/exports/<id>.json` (core/exports.py) and the file is written to the job's artifacts."""
+the exports table (core/exports.py) and the file is written to the job's artifacts."""
 
 from __future__ import annotations
 
@@ -118,10 +118,22 @@ def execute(
     except (JobNotFound, ExportNotFound, ValueError):
         log.warning("nf.export: job %s has no export %s (deleted?)", job_id, export_id)
         return
-    with exports.running(job_id, export_id):
-        # read under the lock: a second delivery of the same export waits here, then finds it done
+    with exports.running(job_id, export_id) as claim:
+        if claim is None:  # a second delivery while a live worker runs it
+            log.info("nf.export: %s/%s is being run by another worker", job_id, export_id)
+            return
         export = exports.get(job_id, export_id)
-        if export.status == ExportStatus.succeeded:
+        if export.status in (ExportStatus.succeeded, ExportStatus.failed):
+            return
+        cap = exports.settings.max_worker_losses
+        if claim.losses >= cap:
+            exports.update(
+                job_id,
+                export_id,
+                status=ExportStatus.failed,
+                error=f"worker lost {claim.losses} times (MAX_WORKER_LOSSES={cap}): the export "
+                "process died each time (out of memory? a crash?)",
+            )
             return
         exports.update(job_id, export_id, status=ExportStatus.running, error=None)
         _run(store, exports, job, export, load_checkpoint, work_dir)
