@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 
@@ -102,10 +101,7 @@ def test_upload_train_render(stack_factory, broker):
     assert [s.shape[:2] for s in shots] == [(h_, w_) for w_, h_ in sizes]
 
     # Events: ids 1..n, queued → running → succeeded, progress at least once a second.
-    events = [
-        json.loads(line)
-        for line in (stack.job_dir(job_id) / "events.jsonl").read_text().splitlines()
-    ]
+    events = stack.events(job_id)
     assert [e["id"] for e in events] == list(range(1, len(events) + 1))
     statuses = [e["data"]["status"] for e in events if e["event"] == "status"]
     assert statuses == ["queued", "running", "succeeded"]

@@ -54,13 +54,12 @@ def read_events(
     return out
 
 
-def file_events(stack, job_id: str) -> list[dict]:
-    lines = (stack.job_dir(job_id) / "events.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+def logged_events(stack, job_id: str) -> list[dict]:
+    return stack.events(job_id)
 
 
 def with_ids(events: list[dict]) -> list[tuple[int, str, dict]]:
-    """The events the server sent from events.jsonl: those whose id moved (ids only grow, so
+    """The events the server sent from the job's log: those whose id moved (ids only grow, so
     an unchanged id means an event sent without one, a progress repeat or the end)."""
     out, last = [], None
     for ev in events:
@@ -93,7 +92,7 @@ def test_live_stream_is_ordered_and_ends(fs_stack, finished):
     ids = [i for i, _, _ in sent]
     assert ids == sorted(set(ids)), ids
     # Everything in the job's event log reached the client, in the log's order, unchanged.
-    assert [(e["id"], e["event"], e["data"]) for e in file_events(fs_stack, job_id)] == sent
+    assert [(e["id"], e["event"], e["data"]) for e in logged_events(fs_stack, job_id)] == sent
 
     statuses = [d["status"] for _, ev, d in sent if ev == "status"]
     assert statuses == ["queued", "running", "succeeded"], statuses
@@ -102,7 +101,7 @@ def test_live_stream_is_ordered_and_ends(fs_stack, finished):
     assert steps == sorted(steps) and steps[-1] == SHORT["steps"]
     for e in events:
         if e["event"] == "progress" and e["data"]["total_steps"] != SHORT["steps"]:
-            # only the keep-alive repeat of job.json before the trainer's first report
+            # only the keep-alive repeat of the job's progress before the trainer's first report
             assert e["data"]["step"] == 0 and steps[0] == 0, e
 
 
@@ -149,7 +148,7 @@ def test_reconnect_mid_training_loses_nothing(fs_stack):
     assert rest[-1]["event"] == "end"
     ids = [i for i, _, _ in with_ids(first) + with_ids(rest)]
     assert ids == list(range(1, len(ids) + 1)), ids  # contiguous: nothing lost, nothing twice
-    assert [(e["id"], e["event"], e["data"]) for e in file_events(fs_stack, job_id)] == with_ids(
+    assert [(e["id"], e["event"], e["data"]) for e in logged_events(fs_stack, job_id)] == with_ids(
         first
     ) + with_ids(rest)
 

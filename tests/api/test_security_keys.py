@@ -78,8 +78,8 @@ def test_the_owner_reaches_every_route(keyed):
     )
     assert a.get(f"/v1/jobs/{job_id}/checkpoint").status_code == 200
     assert a.post(f"/v1/jobs/{job_id}/render", json={"width": 8, "height": 8}).status_code == 200
-    # The owner file holds the key's id, never the token.
-    owner = (stack.job_dir(job_id) / "owner").read_text()
+    # The job's owner is the key's id, never the token.
+    owner = stack.store().owner_of(job_id)
     assert owner.startswith("h-") and KEY_A not in owner
 
 
