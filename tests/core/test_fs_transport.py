@@ -12,7 +12,11 @@ from core import fs_transport
 def _connection(folder):
     return Connection(
         f"{fs_transport.ALIAS}://",
-        transport_options={"data_folder_in": str(folder), "data_folder_out": str(folder)},
+        transport_options={
+            "data_folder_in": str(folder),
+            "data_folder_out": str(folder),
+            "control_folder": str(folder / "control"),
+        },
     )
 
 
