@@ -9,22 +9,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from api_schemas.exports import (
-    DEFAULT_MIN_PIECE,
-    DEFAULT_POINTS,
-    DEFAULT_RESOLUTION,
-    DEFAULT_THRESHOLD,
-    MESH_FORMATS,
-    ExportFormat,
-    ExportStatus,
-)
+from api_schemas.exports import MESH_FORMATS, ExportFormat, ExportOptions, ExportStatus
 from core.exports import ExportNotFound, ExportStore
 from core.storage import without_paths
 from core.store import JobNotFound, JobStore
+from worker.configs import stored_config
 from worker.exports.common import ExportError
 
 log = logging.getLogger(__name__)
-SPLAT_POINT_MIN_OPACITY = 0.05
 STEMS = {
     ExportFormat.glb: ("mesh", "glb"),
     ExportFormat.ply: ("mesh", "ply"),
@@ -41,29 +33,33 @@ def artifact_name(export_id: str, fmt: ExportFormat) -> str:
     return f"{stem}-{export_id[:8]}.{ext}"
 
 
-def _nerf(job, checkpoint, paths, fmt: ExportFormat, options: dict[str, Any]):
+def export_options(fmt: ExportFormat, stored: dict[str, Any]) -> ExportOptions:
+    """An export's options as stored (as the client gave them), validated once, with each option
+    the format reads and the client left out filled in from the schema's defaults."""
+    return stored_config(ExportOptions, stored, "export options").with_defaults(fmt)
+
+
+def _nerf(job, checkpoint, paths, fmt: ExportFormat, stored: dict[str, Any]):
     from worker.jobs.nerf import JOB
 
+    options = export_options(fmt, stored)
     model, _ = JOB.model_for(checkpoint)
     if fmt in MESH_FORMATS:
         from worker.exports.nerf_mesh import mesh_export
 
-        defaults = {
-            "resolution": DEFAULT_RESOLUTION,
-            "threshold": DEFAULT_THRESHOLD,
-            "min_piece": DEFAULT_MIN_PIECE,
-        }
-        return mesh_export(model, fmt.value, options, defaults)
+        return mesh_export(model, fmt.value, options)
     from worker.exports.nerf_points import nerf_point_cloud
     from worker.scene.dataset import Dataset, read_meta
 
     dataset = Dataset(paths.dataset, "train", read_meta(paths.dataset))
-    return nerf_point_cloud(model, dataset, int(options.get("n_points", DEFAULT_POINTS)))
+    return nerf_point_cloud(model, dataset, int(options.n_points))
 
 
-def _splat(job, checkpoint, paths, fmt: ExportFormat, options: dict[str, Any]):
+def _splat(job, checkpoint, paths, fmt: ExportFormat, stored: dict[str, Any]):
     from worker.exports.splat_files import splat_bytes, splat_point_cloud
     from worker.jobs.splat import JOB
+
+    options = export_options(fmt, stored)
 
     model, _ = JOB.model_for(checkpoint)
     if fmt == ExportFormat.gaussians:
@@ -73,7 +69,7 @@ def _splat(job, checkpoint, paths, fmt: ExportFormat, options: dict[str, Any]):
             "gaussians": len(model.params["means"])
         }
     if fmt == ExportFormat.splat:
-        data, n = splat_bytes(model.params, model.normalization, options.get("min_opacity", 0.0))
+        data, n = splat_bytes(model.params, model.normalization, options.min_opacity)
         return data, {"gaussians": n}
     if fmt == ExportFormat.spz:
         from worker.exports.spz import spz_bytes
@@ -82,14 +78,14 @@ def _splat(job, checkpoint, paths, fmt: ExportFormat, options: dict[str, Any]):
             model.params,
             model.normalization,
             model.antialiased,
-            options.get("min_opacity", 0.0),
+            options.min_opacity,
         )
         return data, {"gaussians": n, "antialiased": model.antialiased}
     return splat_point_cloud(
         model.params,
         model.normalization,
-        int(options.get("n_points", DEFAULT_POINTS)),
-        float(options.get("min_opacity", SPLAT_POINT_MIN_OPACITY)),
+        int(options.n_points),
+        float(options.min_opacity),
     )
 
 
