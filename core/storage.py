@@ -116,6 +116,22 @@ def checkpoint_order(folder: Path) -> list[int]:
     return ([first] if first in steps else []) + [s for s in steps if s != first]
 
 
+def stored_checkpoints(storage: Storage, job_id: str) -> list[tuple[int, int]]:
+    """(step, tensor bytes) of the job's stored checkpoints, best first by `checkpoint_order`'s
+    rules: the step the `latest` object names, then the others newest first."""
+    sizes = {}
+    for o in storage.list(job_id, "checkpoints/"):
+        if m := CHECKPOINT_RE.match(o.key.removeprefix("checkpoints/")):
+            sizes[int(m.group(1))] = o.size
+    steps = sorted(sizes, reverse=True)
+    try:
+        first = int(storage.get_bytes(job_id, f"checkpoints/{LATEST_NAME}").strip())
+    except (FileNotFoundError, ValueError):
+        first = steps[0] if steps else None
+    order = ([first] if first in sizes else []) + [s for s in steps if s != first]
+    return [(s, sizes[s]) for s in order]
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Readers see the old file or the new one, never half of it."""
     path.parent.mkdir(parents=True, exist_ok=True)

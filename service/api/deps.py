@@ -8,7 +8,7 @@ from fastapi.security import HTTPBearer
 
 from api_schemas.jobs import Job
 from core.settings import Settings
-from core.storage import LocalStorage, parse_job_id
+from core.storage import Storage, parse_job_id
 from core.store import JobNotFound, JobStore
 from service.auth import ApiKey, owns
 from service.queue import TaskQueue
@@ -18,7 +18,7 @@ def get_settings_dep(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_storage(request: Request) -> LocalStorage:
+def get_storage(request: Request) -> Storage:
     return request.app.state.storage
 
 

@@ -4,7 +4,7 @@ Artifact names are validated strictly (one plain file name inside the job's `art
 no paths, no dot files, no links). The checkpoint download is the newest `step-<n>.safetensors`
 with its JSON meta (config, normalisation, ...) moved into the safetensors header's
 `__metadata__["nf_meta"]`, so the one file is self-describing; the tensor bytes are streamed
-unchanged.
+unchanged. Where storage hands out presigned URLs (S3), an artifact download answers 302 to one.
 """
 
 from __future__ import annotations
@@ -14,54 +14,54 @@ import mimetypes
 import re
 import struct
 from collections.abc import Iterator
-from pathlib import Path
 
 from fastapi import APIRouter, Depends, HTTPException
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import FileResponse, RedirectResponse, StreamingResponse
 
-from core.storage import LocalStorage, checkpoint_meta, checkpoint_order, checkpoint_tensors
+from core.storage import ObjectInfo, Storage, stored_checkpoints
 from core.store import JobStore
 from service.api.deps import JOB_GUARDS, get_storage, get_store, load_job
 
 router = APIRouter(prefix="/v1/jobs", tags=["files"], dependencies=JOB_GUARDS)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 CHUNK = 1 << 20
+ARTIFACTS = "artifacts/"
+# How long a presigned artifact URL stays valid (the download must start within it).
+PRESIGNED_S = 900
 
 
-def _artifact_files(folder: Path) -> list[Path]:
-    if not folder.is_dir():
-        return []
-    return sorted(
-        p for p in folder.iterdir() if NAME_RE.match(p.name) and p.is_file() and not p.is_symlink()
-    )
+def _artifact_objects(storage: Storage, job_id: str) -> list[ObjectInfo]:
+    """The plain files directly in the job's artifacts (no sub-folders, no odd names)."""
+    return [
+        o
+        for o in storage.list(job_id, ARTIFACTS)
+        if NAME_RE.match(o.key.removeprefix(ARTIFACTS)) and o.key.count("/") == 1
+    ]
 
 
 @router.get("/{job_id}/artifacts", summary="List the job's artifacts (test renders, animations)")
 def list_artifacts(
-    job_id: str, store: JobStore = Depends(get_store), storage: LocalStorage = Depends(get_storage)
+    job_id: str, store: JobStore = Depends(get_store), storage: Storage = Depends(get_storage)
 ):
     job = load_job(store, job_id)
-    folder = storage.paths(job.id).artifacts
-    return {
-        "items": [
-            {
-                "name": p.name,
-                "size": p.stat().st_size,
-                "url": f"/v1/jobs/{job.id}/artifacts/{p.name}",
-            }
-            for p in _artifact_files(folder)
-        ]
-    }
+    items = []
+    for o in _artifact_objects(storage, job.id):
+        name = o.key.removeprefix(ARTIFACTS)
+        items.append({"name": name, "size": o.size, "url": f"/v1/jobs/{job.id}/artifacts/{name}"})
+    return {"items": items}
 
 
 @router.get(
-    "/{job_id}/artifacts/{name}", summary="Download one artifact", response_class=FileResponse
+    "/{job_id}/artifacts/{name}",
+    summary="Download one artifact",
+    response_class=FileResponse,
+    responses={302: {"description": "object storage: a presigned URL that serves the file"}},
 )
 def get_artifact(
     job_id: str,
     name: str,
     store: JobStore = Depends(get_store),
-    storage: LocalStorage = Depends(get_storage),
+    storage: Storage = Depends(get_storage),
 ):
     job = load_job(store, job_id)
     if not NAME_RE.match(name) or ".." in name:
@@ -70,16 +70,40 @@ def get_artifact(
             "artifact name must be a plain file name (letters, digits, '.', '_', '-'; "
             "no paths, at most 128 characters)",
         )
-    folder = storage.paths(job.id).artifacts
-    path = folder / name
-    if path.is_symlink() or not path.is_file() or path.resolve().parent != folder.resolve():
-        raise HTTPException(404, f"job {job.id} has no artifact {name!r}")
+    key = ARTIFACTS + name
+    missing = HTTPException(404, f"job {job.id} has no artifact {name!r}")
     media = mimetypes.guess_type(name)[0] or "application/octet-stream"
-    return FileResponse(path, media_type=media, filename=name)
+    path = storage.local_path(job.id, key)
+    if path is not None:
+        folder = storage.work_dir(job.id).artifacts
+        if (folder / name).is_symlink() or path.parent != folder.resolve():
+            raise missing
+        return FileResponse(path, media_type=media, filename=name)
+    if not storage.exists(job.id, key):
+        raise missing
+    url = storage.presigned_url(job.id, key, expires_s=PRESIGNED_S, filename=name)
+    if url is not None:
+        return RedirectResponse(url, status_code=302)
+    fh = storage.open_read(job.id, key)
+    headers = {"Content-Disposition": f'attachment; filename="{name}"'}
+    return StreamingResponse(_chunks(fh), media_type=media, headers=headers)
 
 
-def _with_metadata(tensors, meta_text: str) -> tuple[bytes, int]:
-    """New safetensors header carrying the meta, and where the tensor bytes start in the old file."""
+def _chunks(fh, first: bytes = b"") -> Iterator[bytes]:
+    """`first`, then the rest of `fh` in CHUNK pieces; `fh` closed at the end."""
+    try:
+        if first:
+            yield first
+        while chunk := fh.read(CHUNK):
+            yield chunk
+    finally:
+        fh.close()
+
+
+def _with_metadata(tensors, meta_text: str, size: int) -> tuple[bytes, int]:
+    """New safetensors header carrying the meta, and where the tensor bytes start in the old file
+    (`size` bytes long); `tensors` is left at that point (read forward only: it may be a network
+    stream)."""
     head = tensors.read(8)
     if len(head) != 8:
         raise ValueError("truncated safetensors file")
@@ -96,10 +120,8 @@ def _with_metadata(tensors, meta_text: str) -> tuple[bytes, int]:
     end = max(
         (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0
     )
-    size = tensors.seek(0, 2)
     if size < 8 + n + end:
         raise ValueError("truncated safetensors data")
-    tensors.seek(8 + n)
     header["__metadata__"] = {**header.get("__metadata__", {}), "nf_meta": meta_text}
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # keep the tensor data 8-byte aligned
@@ -116,42 +138,30 @@ def _with_metadata(tensors, meta_text: str) -> tuple[bytes, int]:
     },
 )
 def get_checkpoint(
-    job_id: str, store: JobStore = Depends(get_store), storage: LocalStorage = Depends(get_storage)
+    job_id: str, store: JobStore = Depends(get_store), storage: Storage = Depends(get_storage)
 ):
     job = load_job(store, job_id)
-    folder = storage.paths(job.id).checkpoints
     opened = None
     # A torn or truncated file (crash mid-write, full disk) is skipped for the previous step, as
     # the worker's loader does. Open both now: training may prune a step while it streams.
-    for step in checkpoint_order(folder):
+    for step, size in stored_checkpoints(storage, job.id):
         try:
-            meta_text = checkpoint_meta(folder, step).read_text()
-            fh = open(checkpoint_tensors(folder, step), "rb")
-        except OSError:
+            meta_text = storage.get_bytes(job.id, f"checkpoints/step-{step}.json").decode()
+            fh = storage.open_read(job.id, f"checkpoints/step-{step}.safetensors")
+        except (OSError, UnicodeDecodeError):
             continue
         try:
-            header, data_start = _with_metadata(fh, meta_text)
+            header, data_start = _with_metadata(fh, meta_text, size)
         except (ValueError, KeyError, TypeError, IndexError, struct.error):
             fh.close()
             continue
-        opened = step, meta_text, fh, header, data_start
+        opened = step, fh, header, data_start, size
         break
     if opened is None:
         raise HTTPException(404, f"job {job.id} has no readable checkpoint yet")
-    step, meta_text, fh, header, data_start = opened
-    size = fh.seek(0, 2)
-
-    def body() -> Iterator[bytes]:
-        try:
-            yield header
-            fh.seek(data_start)
-            while chunk := fh.read(CHUNK):
-                yield chunk
-        finally:
-            fh.close()
-
+    step, fh, header, data_start, size = opened
     return StreamingResponse(
-        body(),
+        _chunks(fh, header),
         media_type="application/octet-stream",
         headers={
             "Content-Disposition": f'attachment; filename="{job.id}-step-{step}.safetensors"',

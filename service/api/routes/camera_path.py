@@ -9,7 +9,7 @@ import math
 from fastapi import APIRouter, Depends, HTTPException
 
 from core.scene_format import CAMERAS_FILE
-from core.storage import LocalStorage
+from core.storage import Storage
 from core.store import JobStore
 from service.api.deps import JOB_GUARDS, get_storage, get_store, load_job
 
@@ -36,13 +36,13 @@ def training_camera_path(
     job_id: str,
     split: str = "train",
     store: JobStore = Depends(get_store),
-    storage: LocalStorage = Depends(get_storage),
+    storage: Storage = Depends(get_storage),
 ) -> dict:
     job = load_job(store, job_id)
-    path = storage.paths(job.id).dataset / CAMERAS_FILE
-    if not path.is_file():
-        raise HTTPException(409, f"{job.kind.value} jobs have no cameras")
-    meta = json.loads(path.read_text())
+    try:
+        meta = json.loads(storage.get_bytes(job.id, f"dataset/{CAMERAS_FILE}"))
+    except FileNotFoundError:
+        raise HTTPException(409, f"{job.kind.value} jobs have no cameras") from None
     frames = [f for f in meta["frames"] if f.get("split", "train") == split]
     if not frames:
         raise HTTPException(404, f"the dataset has no {split!r} cameras")

@@ -8,7 +8,7 @@ import time
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from core.storage import LocalStorage
+from core.storage import Storage
 from service.api.deps import get_queue, get_storage
 from service.intake.registry import available_kinds
 from service.queue import TaskQueue
@@ -28,7 +28,7 @@ _ready_lock = threading.Lock()
 _ready: dict[int, tuple[float, dict[str, bool]]] = {}  # id(app) -> (checked at, checks)
 
 
-def _checks(app, storage: LocalStorage, queue: TaskQueue) -> dict[str, bool]:
+def _checks(app, storage: Storage, queue: TaskQueue) -> dict[str, bool]:
     with _ready_lock:
         at, checks = _ready.get(id(app), (float("-inf"), {}))
         if time.monotonic() - at >= READY_CACHE_S:
@@ -42,7 +42,7 @@ def _checks(app, storage: LocalStorage, queue: TaskQueue) -> dict[str, bool]:
 )
 def readyz(
     request: Request,
-    storage: LocalStorage = Depends(get_storage),
+    storage: Storage = Depends(get_storage),
     queue: TaskQueue = Depends(get_queue),
 ):
     checks = _checks(request.app, storage, queue)

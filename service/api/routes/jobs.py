@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from api_schemas.jobs import Job, JobKind, JobList, JobStatus
 from core.metrics import quota_refused
 from core.settings import Settings
-from core.storage import LocalStorage
+from core.storage import JobPaths, Storage
 from core.store import BadCursor, JobNotFound, JobStore, encode_cursor
 from service.api.deps import (
     GUARDS,
@@ -123,22 +123,40 @@ UPLOAD_BODY = {
 
 
 def _finish_intake(
-    spec, cfg: dict, upload, job_id: str, paths, store: JobStore, settings: Settings
+    spec,
+    cfg: dict,
+    upload,
+    job_id: str,
+    work: JobPaths,
+    storage: Storage,
+    store: JobStore,
+    settings: Settings,
 ) -> Job:
-    # Parsing the upload happens in a limited child process, never in this one.
+    # Parsing the upload happens in a limited child process, never in this one, on the local
+    # working copy; what it wrote (dataset/, capture/) is stored before the job exists.
     effective, info = run_intake(
-        spec.name, upload.path, upload.filename or upload.path.name, cfg, paths.root, settings
+        spec.name, upload.path, upload.filename or upload.path.name, cfg, work.root, settings
     )
-    shutil.rmtree(paths.upload, ignore_errors=True)
+    shutil.rmtree(work.upload, ignore_errors=True)
+    _store_intake(storage, job_id, work)
     return store.create(job_id, spec.name, effective, info)
 
 
-def _discard(store: JobStore, storage: LocalStorage, job_id: str) -> None:
-    """Undo an admission: the job's row (reserved or made) and its folder."""
+def _store_intake(storage: Storage, job_id: str, work: JobPaths) -> None:
+    """Push the intake's output folders and files to storage (a no-op for local storage, where
+    the working copy is the job's folder), then drop the API's working copy."""
+    for entry in sorted(work.root.iterdir()):
+        if not entry.name.startswith(".") and not entry.is_symlink():
+            storage.push(job_id, entry.name)
+    storage.evict(job_id)
+
+
+def _discard(store: JobStore, storage: Storage, job_id: str) -> None:
+    """Undo an admission: the job's row (reserved or made) and its files."""
     try:
         store.delete(job_id)
     finally:
-        storage.remove_job_dir(job_id)
+        storage.delete_job(job_id)
 
 
 @router.post(
@@ -163,7 +181,7 @@ def _discard(store: JobStore, storage: LocalStorage, job_id: str) -> None:
 async def create_job(
     request: Request,
     settings: Settings = Depends(get_settings_dep),
-    storage: LocalStorage = Depends(get_storage),
+    storage: Storage = Depends(get_storage),
     store: JobStore = Depends(get_store),
     queue: TaskQueue = Depends(get_queue),
     key: ApiKey = Depends(current_key),
@@ -183,9 +201,10 @@ async def create_job(
     if room < limit:
         limit, limit_name = room, "the disk left to this API key under QUOTA_STORED_MB"
     try:
-        paths.upload.mkdir()
+        work = storage.work_dir(job_id)
+        work.upload.mkdir(parents=True)
         form = await read_form(
-            request, lambda _field, name: paths.upload / _safe_name(name), limit, limit_name
+            request, lambda _field, name: work.upload / _safe_name(name), limit, limit_name
         )
         kind = form.fields.get("kind")
         if not kind:
@@ -204,7 +223,7 @@ async def create_job(
         if upload is None:
             raise IntakeError(422, "form field `dataset` (a file) is required")
         job = await run_in_threadpool(
-            _finish_intake, spec, cfg, upload, job_id, paths, store, settings
+            _finish_intake, spec, cfg, upload, job_id, work, storage, store, settings
         )
     except IntakeError as exc:
         _discard(store, storage, job_id)
@@ -277,7 +296,7 @@ def get_job(job_id: str, store: JobStore = Depends(get_store)) -> Job:
 def cancel_job(
     job_id: str,
     store: JobStore = Depends(get_store),
-    storage: LocalStorage = Depends(get_storage),
+    storage: Storage = Depends(get_storage),
     queue: TaskQueue = Depends(get_queue),
 ) -> Job:
     job = load_job(store, job_id)
@@ -302,13 +321,13 @@ def cancel_job(
     responses={409: {"description": "the job is still queued or running"}},
 )
 def delete_job(
-    job_id: str, store: JobStore = Depends(get_store), storage: LocalStorage = Depends(get_storage)
+    job_id: str, store: JobStore = Depends(get_store), storage: Storage = Depends(get_storage)
 ):
     job = load_job(store, job_id)
     if not job.status.terminal:
         raise HTTPException(409, f"job is {job.status.value}; cancel it first")
     store.delete(job.id)
-    storage.remove_job_dir(job.id)
+    storage.delete_job(job.id)
     return None
 
 
