@@ -33,6 +33,7 @@ from core import leases, metrics, webhooks
 from core.celery_config import PREPROCESS_QUEUE, TRAIN_QUEUE, send
 from core.db.leases import TRAIN
 from core.process import set_parent_death_signal
+from core.scene_format import CAMERAS_FILE
 from core.settings import get_settings
 from core.storage import Storage, get_storage, without_paths
 from core.store import CancelFlag, JobNotFound, JobStore
@@ -436,6 +437,8 @@ def _checkpoint(job_id: str, paths, storage: Storage) -> Checkpoint:
             return _cache[(job_id, step)]
     if remote is not None and step is not None:
         remote.pull_latest(paths.checkpoints, step)
+        # renders in nerfstudio's frame resolve against every dataset camera (worker/scene)
+        storage.pull(job_id, f"dataset/{CAMERAS_FILE}")
     ckpt = mgr.load_latest()
     if ckpt is None:
         raise RenderError(409, "the job has no readable checkpoint")
