@@ -144,12 +144,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.state_collector = StateCollector(app.state.store, settings)
     app.state.queue = TaskQueue(make_client(settings), settings)
     app.state.quotas = Quotas(storage, app.state.store, settings)
-    app.state.quotas.index.build_once()
     app.state.stream_slots = make_stream_slots(settings)  # MAX_STREAMS_PER_KEY, Redis-shared
     app.state.keys = KeyRing.from_settings(settings)
     renames = {old: new for old, new in app.state.keys.renames.items() if old != new}
     owned = sum(app.state.store.rename_owner(old, new) for old, new in renames.items())
-    if moved := max(owned, app.state.quotas.index.rename_keys(renames)):
+    app.state.quotas.rename_keys(renames)
+    if moved := owned:
         log.info("moved %d jobs from unsalted key ids to HMAC key ids (service/auth.py)", moved)
     install_log_redaction()
     if settings.log_format == "json":

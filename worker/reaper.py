@@ -57,7 +57,7 @@ from core.celery_config import (
 )
 from core.db.engine import session
 from core.db.exports import ExportRow
-from core.db.jobs import JobRow
+from core.db.jobs import RESERVED, JobRow
 from core.db.leases import EXPORT, REAPER, RENDER, TRAIN, Lease
 from core.db.renders import RenderRow
 from core.exports import lease_subject
@@ -199,12 +199,15 @@ def stranded_exports(settings, in_broker: set[str] | None) -> list[Resend]:
         rows = (
             s.execute(
                 _skip_locked(
-                    select(ExportRow).where(
+                    select(ExportRow)
+                    .join(JobRow, JobRow.id == ExportRow.job_id)  # not of deleted jobs
+                    .where(
                         or_(
                             ExportRow.status == "running",
                             and_(ExportRow.status == "queued", ExportRow.updated_at < grace),
                         )
-                    )
+                    ),
+                    ExportRow,
                 )
             )
             .scalars()
@@ -241,12 +244,15 @@ def stranded_renders(settings, in_broker: set[str] | None) -> list[Resend]:
         rows = (
             s.execute(
                 _skip_locked(
-                    select(RenderRow).where(
+                    select(RenderRow)
+                    .join(JobRow, JobRow.id == RenderRow.job_id)  # not of deleted jobs
+                    .where(
                         or_(
                             RenderRow.status == "running",
                             and_(RenderRow.status == "queued", RenderRow.updated_at < grace),
                         )
-                    )
+                    ),
+                    RenderRow,
                 )
             )
             .scalars()
@@ -301,9 +307,41 @@ def _newest_mtime(root: Path) -> float:
     return newest
 
 
+def remove_stale_reservations(store: JobStore, settings) -> list[str]:
+    """Reserved job rows (an admitted upload that never became a job: the API died mid-way)
+    older than STALE_UPLOAD_S, with the files their upload left. A reservation whose local
+    folder is still being written to is left alone."""
+    cutoff = leases.utcnow() - timedelta(seconds=settings.stale_upload_s)
+    with session(engine=store.engine) as s:
+        ids = s.scalars(
+            select(JobRow.id).where(JobRow.status == RESERVED, JobRow.updated_at < cutoff)
+        ).all()
+    removed = []
+    jobs_dir = getattr(store.storage, "jobs_dir", None)
+    for job_id in ids:
+        root = jobs_dir / job_id if jobs_dir is not None else None
+        try:
+            if root is not None and root.is_dir():
+                if time.time() - _newest_mtime(root) < settings.stale_upload_s:
+                    continue
+        except FileNotFoundError:
+            pass
+        store.storage.delete_job(job_id)
+        store.delete(job_id)
+        removed.append(job_id)
+    if removed:
+        log.warning("removed %d abandoned upload(s): %s", len(removed), ", ".join(removed))
+    return removed
+
+
+def _has_row(store: JobStore, job_id: str) -> bool:
+    with session(engine=store.engine) as s:
+        return s.scalar(select(JobRow.id).where(JobRow.id == job_id)) is not None
+
+
 def remove_stale_uploads(store: JobStore, stale_s: float) -> list[str]:
-    """Local job folders of no made job (an upload that never finished: the API died mid-way)
-    untouched for stale_s."""
+    """Local job folders of no job row at all (an upload that never finished: the API died
+    mid-way) untouched for stale_s."""
     removed: list[str] = []
     jobs_dir = getattr(store.storage, "jobs_dir", None)
     if jobs_dir is None or not jobs_dir.is_dir():
@@ -314,7 +352,7 @@ def remove_stale_uploads(store: JobStore, stale_s: float) -> list[str]:
         if not entry.is_dir():
             continue
         try:
-            if now - _newest_mtime(root) < stale_s or store.exists(entry.name):
+            if now - _newest_mtime(root) < stale_s or _has_row(store, entry.name):
                 continue
         except (FileNotFoundError, ValueError):
             continue
@@ -346,6 +384,7 @@ def reap(app, store: JobStore, settings) -> list[Resend]:
             len(sent),
             ", ".join(f"{r.task.name}[{task_id_for(r.task)}] ({r.why})" for r in sent),
         )
+    remove_stale_reservations(store, settings)
     remove_stale_uploads(store, settings.stale_upload_s)
     return sent
 

@@ -17,7 +17,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import ValidationError
 
 from api_schemas.tasks import RenderFrameJobTask, RenderPathJobTask
-from core import path_jobs
+from core import path_jobs, usage
 from core.settings import get_settings
 from core.storage import JobPaths
 from worker.app import app
@@ -108,6 +108,7 @@ def _leased(job_id: str, render_id: str, body: Callable[[], None]) -> None:
                 )
                 return
             body()
+        usage.refresh(get_settings(), _store().storage, job_id)
     except (ValueError, FileNotFoundError):
         log.warning("render job %s/%s does not exist (deleted?)", job_id, render_id)
 

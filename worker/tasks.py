@@ -29,7 +29,7 @@ from api_schemas.tasks import (
     RenderTask,
     TrainTask,
 )
-from core import leases, metrics, webhooks
+from core import leases, metrics, usage, webhooks
 from core.celery_config import PREPROCESS_QUEUE, TRAIN_QUEUE, send
 from core.db.leases import TRAIN
 from core.process import set_parent_death_signal
@@ -173,6 +173,7 @@ def train(job_id: str) -> None:
             return
         with work_dir(store.storage, job_id) as work:
             _train_locked(store, settings, job_id, work)
+        usage.refresh(settings, store.storage, job_id)  # its checkpoints and artifacts
 
 
 def _send(task: TrainTask | PreprocessTask, queue: str) -> None:
@@ -237,6 +238,7 @@ def preprocess(job_id: str) -> None:
                 return j
 
             store.update(job_id, merge)
+            usage.refresh(settings, store.storage, job_id)  # its dataset
         elif job.status.terminal:
             return
     _send(TrainTask(job_id=job_id), TRAIN_QUEUE)
@@ -255,6 +257,7 @@ def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
     storage = store.storage
     try:
         train_fn = kind_function(job.kind.value, "train")
+        started = time.time()
         remote = published(storage, job_id)
         storage.pull(job_id, "dataset/")
         if remote is not None:
@@ -275,8 +278,7 @@ def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
         )
         with ctx.progress, metrics.stage_timer(job.kind.value, "train"):
             final = train_fn(ctx) or {}
-        if paths.artifacts.is_dir():
-            storage.push(job_id, "artifacts")
+        _push_made_since(storage, job_id, paths.artifacts, started)
     except JobCancelled:
         store.set_status(
             job_id, JobStatus.cancelled, only_from={JobStatus.running, JobStatus.queued}
@@ -301,6 +303,17 @@ def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
         _fail_when_possible(store, job_id, _short_error(exc))
         return
     store.set_status(job_id, JobStatus.succeeded, metrics=final, only_from={JobStatus.running})
+
+
+def _push_made_since(storage: Storage, job_id: str, folder, since: float) -> None:
+    """Store the files of the work dir's `folder` that were written since `since` (what this
+    training made, not a render job's older output), leaving out temporary dot-files."""
+    if is_local(storage) or not folder.is_dir():
+        return
+    for path in sorted(folder.rglob("*")):
+        # a second of slack: file times can trail the clock by a tick
+        if path.is_file() and not path.name.startswith(".") and path.stat().st_mtime >= since - 1:
+            storage.push(job_id, path.relative_to(folder.parent).as_posix())
 
 
 def _fail_when_possible(store: JobStore, job_id: str, error: str, max_wait_s: float = 3600) -> None:
@@ -578,4 +591,5 @@ def export(job_id: str, export_id: str) -> None:
     task = ExportTask(job_id=job_id, export_id=export_id)
     store = _store()
     execute(store, task.job_id, task.export_id, _checkpoint, work_dir)
+    usage.refresh(get_settings(), store.storage, task.job_id)
     webhooks.record_export(store.storage, task.job_id, task.export_id)

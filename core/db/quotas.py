@@ -36,11 +36,11 @@ class Submission(Base):
 
 class JobStorage(Base):
     """Bytes a job stores (upload, dataset, checkpoints, artifacts, exports, renders), set where
-    they are written; a key's use is the sum over its rows."""
+    they are written; a key's use is the sum over its jobs' rows (joined on jobs.owner, so a
+    deleted job's row counts no more)."""
 
     __tablename__ = "job_storage"
 
     job_id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    owner: Mapped[str | None] = mapped_column(String(64), index=True)
     stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, nullable=False)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), nullable=False)

@@ -6,17 +6,15 @@ only the caller's jobs."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from api_schemas.jobs import JobStatus
+from core import usage
 from core.settings import Settings
-from core.storage import get_storage
-from core.store import JobStore
-from service.auth import ApiKey, id_secret, key_id, record_owner
-from service.quotas import KeyIndex
 from tests.support.stack import Stack, auth_headers, free_port, png_bytes
 
 KEY_A, KEY_B = "alpha-token-1111", "bravo-token-2222"
@@ -37,23 +35,23 @@ def _submit(client: httpx.Client, config: str = '{"steps": 10, "resolution": 16}
     )
 
 
-def _finished_job_with_files(stack: Stack, token: str, n_files: int) -> str:
-    """A cancelled job of `token`'s key, as the store writes one, holding `n_files` empty files:
-    every admission of that key walks them under the per-key lock (a few tenths of a second)."""
-    settings = Settings(data_dir=stack.data_dir, key_id_secret=None)
-    storage = get_storage(settings)
-    kid = key_id(token, id_secret(settings))
-    job_id, paths = storage.new_job_dir()
-    record_owner(paths, ApiKey(kid, "walked"))
-    store = JobStore(storage)
-    store.create(job_id, "image", {}, {})
-    store.set_status(job_id, JobStatus.cancelled)
-    KeyIndex(storage).add(kid, job_id)
-    files = paths.root / "artifacts"
-    files.mkdir()
-    for i in range(n_files):
-        (files / str(i)).touch()
-    return job_id
+def _reserved(stack: Stack) -> int:
+    """Admitted uploads not yet made into jobs (their rows are `reserved`)."""
+    from sqlalchemy import func, select
+
+    from core.db.engine import session
+    from core.db.jobs import RESERVED, JobRow
+
+    with session(engine=stack.store().engine) as s:
+        return s.scalar(select(func.count()).where(JobRow.status == RESERVED))
+
+
+def _stored(stack: Stack, job_id: str) -> int:
+    from core.db.engine import session
+    from core.db.quotas import JobStorage
+
+    with session(engine=stack.store().engine) as s:
+        return s.get(JobStorage, job_id).stored_bytes
 
 
 def test_quotas_hold_across_replicas(stack_factory):
@@ -67,10 +65,7 @@ def test_quotas_hold_across_replicas(stack_factory):
         r = _submit(one, '{"steps": 5000, "resolution": 16}')
         assert r.status_code == 422 and "MAX_TRAIN_STEPS" in r.json()["detail"], r.text
 
-        # Six at once, three to each replica: exactly QUOTA_ACTIVE_JOBS get in. The slow disk
-        # walk inside each admission makes the six overlap: without the per-key lock all six
-        # would count no active job and all get in.
-        _finished_job_with_files(stack, KEY_A, 25_000)
+        # Six at once, three to each replica: exactly QUOTA_ACTIVE_JOBS get in.
         with ThreadPoolExecutor(6) as pool:
             answers = list(pool.map(_submit, [one, two] * 3))
         codes = sorted(a.status_code for a in answers)
@@ -94,8 +89,8 @@ def test_quotas_hold_across_replicas(stack_factory):
         bob = httpx.Client(base_url=replica.base_url, headers=auth_headers(KEY_B), timeout=30)
         r = _submit(bob)
         assert r.status_code == 202
-        (stack.job_dir(r.json()["id"]) / "artifacts").mkdir(exist_ok=True)
-        (stack.job_dir(r.json()["id"]) / "artifacts" / "big.bin").write_bytes(os.urandom(300_000))
+        # As a worker records it after writing a 300 kB artifact.
+        usage.record(Settings(database_url=stack.database_url), r.json()["id"], 300_000)
         r = _submit(bob)
         assert r.status_code == 413 and "QUOTA_STORED_MB" in r.json()["detail"], r.text
 
@@ -107,7 +102,7 @@ def test_quotas_hold_across_replicas(stack_factory):
         os.mkfifo(planted / "job.json")
         for client in (one, two):
             listed = client.get("/v1/jobs", timeout=5).json()
-            assert listed["total"] == 6 and len({j["id"] for j in listed["items"]}) == 6
+            assert listed["total"] == 5 and len({j["id"] for j in listed["items"]}) == 5
             assert (
                 client.get("/v1/jobs", params={"status": "queued"}, timeout=5).json()["total"] == 2
             )
@@ -131,3 +126,52 @@ def test_an_upload_larger_than_the_room_left_is_refused_while_streaming(stack_fa
     assert stack.job_dirs() == [] and client.get("/v1/jobs").json()["total"] == 0
     # An upload that fits is taken.
     assert _submit(client).status_code == 202
+
+
+def test_parallel_uploads_share_the_room_left(stack_factory):
+    """Six uploads admitted at once (all six are admitted, each told the whole room left,
+    before any sends its file) are charged one after the other once stored: exactly as many as
+    fit in the room get in, the others are refused naming QUOTA_STORED_MB."""
+    env = {"API_KEYS": f"dave:{KEY_A}", "QUOTA_STORED_MB": "0.2", "QUOTA_ACTIVE_JOBS": "20"}
+    stack = stack_factory(queues=None, env=env)
+    client = httpx.Client(base_url=stack.base_url, headers=auth_headers(KEY_A), timeout=60)
+    photo = png_bytes(200, 160)
+    first = client.post(
+        "/v1/jobs", data={"kind": "image"}, files={"dataset": ("p.png", photo, "image/png")}
+    )
+    assert first.status_code == 202, first.text
+    each = _stored(stack, first.json()["id"])  # every upload below stores the same
+    fit = (209_715 - each) // each
+    assert 1 <= fit < 6, each
+
+    body_req = client.build_request(
+        "POST", "/v1/jobs", data={"kind": "image"}, files={"dataset": ("p.png", photo, "image/png")}
+    )
+    body = body_req.read()
+    all_admitted = threading.Event()
+
+    def upload(_):
+        def chunks():
+            yield body[:64]
+            assert all_admitted.wait(60)
+            yield body[64:]
+
+        headers = {
+            "Content-Type": body_req.headers["Content-Type"],
+            "Content-Length": str(len(body)),
+        }
+        return client.post("/v1/jobs", content=chunks(), headers=headers)
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = pool.map(upload, range(6))
+        deadline = time.monotonic() + 30
+        while _reserved(stack) < 6:
+            assert time.monotonic() < deadline, "the six uploads were not all admitted"
+            time.sleep(0.05)
+        all_admitted.set()
+        answers = list(answers)
+    codes = sorted(a.status_code for a in answers)
+    assert codes == [202] * fit + [413] * (6 - fit), codes
+    refused = next(a for a in answers if a.status_code == 413)
+    assert "QUOTA_STORED_MB" in refused.json()["detail"]
+    assert client.get("/v1/jobs").json()["total"] == 1 + fit

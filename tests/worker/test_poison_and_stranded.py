@@ -5,7 +5,6 @@ by the periodic reaper; an upload folder a crashed API left behind is removed.""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -18,11 +17,9 @@ LONG = {"steps": 200000, "resolution": 16}
 
 def _starts(stack, job_id: str) -> int:
     """How many times training (re)started: `running` status events."""
-    n = 0
-    for line in (stack.job_dir(job_id) / "events.jsonl").read_text().splitlines():
-        ev = json.loads(line)
-        n += ev["event"] == "status" and ev["data"]["status"] == "running"
-    return n
+    return sum(
+        ev["event"] == "status" and ev["data"]["status"] == "running" for ev in stack.events(job_id)
+    )
 
 
 def _wait(pred, timeout: float, what: str, stack) -> None:

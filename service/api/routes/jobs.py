@@ -225,8 +225,14 @@ async def create_job(
         job = await run_in_threadpool(
             _finish_intake, spec, cfg, upload, job_id, work, storage, store, settings
         )
+        # What the job stores, charged under the key's lock: parallel uploads share the room.
+        await run_in_threadpool(request.app.state.quotas.charge, key, job_id)
     except IntakeError as exc:
         _discard(store, storage, job_id)
+        raise HTTPException(exc.status_code, exc.detail) from None
+    except QuotaExceeded as exc:
+        _discard(store, storage, job_id)
+        quota_refused(exc.detail)
         raise HTTPException(exc.status_code, exc.detail) from None
     except BaseException:
         _discard(store, storage, job_id)

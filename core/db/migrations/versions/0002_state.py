@@ -84,11 +84,9 @@ def upgrade() -> None:
     op.create_table(
         "job_storage",
         sa.Column("job_id", sa.String(36), primary_key=True),
-        sa.Column("owner", sa.String(64), nullable=True),
         sa.Column("stored_bytes", sa.BigInteger(), nullable=False),
         sa.Column("updated_at", UtcDateTime(), nullable=False),
     )
-    op.create_index("ix_job_storage_owner", "job_storage", ["owner"])
 
 
 def downgrade() -> None:
