@@ -59,12 +59,12 @@ def _start(data: Path, port: int, log: Path) -> subprocess.Popen:
 
 
 def _statuses(data: Path, job_id: str) -> list[str]:
-    lines = (data / "jobs" / job_id / "events.jsonl").read_text().splitlines()
-    return [
-        json.loads(x)["data"]["status"]
-        for x in lines
-        if '"status"' in x and "event" in x and json.loads(x)["event"] == "status"
-    ]
+    """The job's logged statuses, read from the embedded SQLite database under `data`."""
+    from core.storage import LocalStorage
+    from core.store import JobStore
+
+    store = JobStore(LocalStorage(data), url=f"sqlite:///{data.resolve()}/service.db")
+    return [e["data"]["status"] for e in store.events(job_id) if e["event"] == "status"]
 
 
 def _wait(pred, timeout: float, what: str, log: Path) -> float:

@@ -144,7 +144,19 @@ def test_list_shows_only_the_callers_jobs(keyed):
             "total": mine_a["total"],
             "limit": 1,
             "offset": 5,
+            "next_cursor": None,
         }
+        # Keyset pages: each of the caller's jobs once, then no cursor.
+        seen, cursor = [], None
+        while True:
+            page = a.get("/v1/jobs", params={"limit": 1, "cursor": cursor or ""}).json()
+            seen += [j["id"] for j in page["items"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert seen == [j["id"] for j in mine_a["items"]]
+        bad = a.get("/v1/jobs", params={"cursor": "x" + (cursor or "")})
+        assert bad.status_code == 422 and "cursor" in bad.json()["detail"]
         assert a.get(f"/v1/jobs/{bobs}").status_code == 404
     finally:
         assert b.post(f"/v1/jobs/{bobs}/cancel").status_code == 200

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from core.settings import Settings
-from service.auth import OWNER_FILE, id_secret, key_id
+from service.auth import id_secret, key_id
 from tests.support.stack import REPO, TEST_KEY, png_bytes
 from worker.checkpoints import CheckpointManager
 
@@ -78,8 +78,8 @@ def trained(fs_stack):
     (fs_stack.data_dir / "secret.txt").write_text("top secret")
     evil = fs_stack.data_dir / "jobs" / "evil"
     evil.mkdir(exist_ok=True)
-    (evil / "job.json").write_text((fs_stack.job_dir(job_id) / "job.json").read_text())
-    (evil / OWNER_FILE).write_text(_owner_id(fs_stack))
+    (evil / "job.json").write_text(json.dumps(fs_stack.client.get(f"/v1/jobs/{job_id}").json()))
+    (evil / "owner").write_text(_owner_id(fs_stack))
     return job_id
 
 
@@ -173,8 +173,8 @@ def test_upload_filename_cannot_leave_the_job_folder(fs_stack):
         assert r.status_code == 202, r.text
         root = fs_stack.job_dir(r.json()["id"])
         assert not (root / "upload").exists()
-        assert json.loads((root / "job.json").read_text())["id"] == r.json()["id"]
-        assert (root / OWNER_FILE).read_text() == _owner_id(fs_stack)
+        assert fs_stack.store().get(r.json()["id"]).id == r.json()["id"]
+        assert fs_stack.store().owner_of(r.json()["id"]) == _owner_id(fs_stack)
     outside_after = {p for p in fs_stack.data_dir.rglob("*") if jobs not in p.parents and p != jobs}
     # broker/, results/ and the per-key index (keys/) are the service's own.
     new = {

@@ -16,7 +16,7 @@ import redis
 import torch
 from safetensors.torch import save_file
 
-from service.auth import OWNER_FILE, legacy_key_id
+from service.auth import legacy_key_id
 from tests.api.test_security_gate import _json_array, _raw_post
 from tests.support.stack import (
     REDIS_HOST,
@@ -32,7 +32,7 @@ from tests.support.stack import (
 def test_key_ids_are_hmacs_and_unsalted_ids_move_to_them(stack_factory):
     stack = stack_factory(queues=None)
     job_id = stack.submit(png_bytes(16, 16)).json()["id"]
-    owner = (stack.job_dir(job_id) / OWNER_FILE).read_text()
+    owner = stack.store().owner_of(job_id)
     assert owner.startswith("h-") and owner != legacy_key_id(TEST_KEY)
     assert hashlib.sha256(TEST_KEY.encode()).hexdigest()[:12] not in owner
     secret = stack.data_dir / "keys" / ".id-secret"
@@ -41,13 +41,14 @@ def test_key_ids_are_hmacs_and_unsalted_ids_move_to_them(stack_factory):
     # The same job as an older version left it: owned by the unsalted id, no secret yet.
     stack.stop_api()
     legacy = legacy_key_id(TEST_KEY)
-    (stack.job_dir(job_id) / OWNER_FILE).write_text(legacy)
-    os.replace(stack.data_dir / "keys" / owner, stack.data_dir / "keys" / legacy)
+    assert stack.store().rename_owner(owner, legacy) == 1
+    if (stack.data_dir / "keys" / owner).exists():  # per-key files, where there are any
+        os.replace(stack.data_dir / "keys" / owner, stack.data_dir / "keys" / legacy)
     secret.unlink()
     stack.start_api()
     assert stack.client.get(f"/v1/jobs/{job_id}").status_code == 200
     assert [j["id"] for j in stack.client.get("/v1/jobs").json()["items"]] == [job_id]
-    moved = (stack.job_dir(job_id) / OWNER_FILE).read_text()
+    moved = stack.store().owner_of(job_id)
     assert moved.startswith("h-") and moved != owner  # a new secret, a new id
     assert not (stack.data_dir / "keys" / legacy).exists()
 

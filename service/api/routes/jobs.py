@@ -260,6 +260,7 @@ def list_jobs(
     key: ApiKey = Depends(current_key),
 ) -> JobList:
     # The key's own jobs through the (owner, created_at, id) index: other keys' are never read.
+    cursor = cursor or None  # `?cursor=` (empty): the first page
     try:
         jobs, total = store.list(
             limit=limit + 1,
