@@ -75,16 +75,18 @@ class S3Storage(Storage):
         url: str,
         endpoint_url: str | None = None,
         scratch_dir: Path | None = None,
+        public_endpoint_url: str | None = None,
     ):
         super().__init__(data_dir)
         self.bucket, self.prefix = parse_s3_url(url)
         self.scratch_dir = Path(scratch_dir or self.data_dir / "scratch").resolve()
-        self.client = boto3.client(
-            "s3",
-            endpoint_url=endpoint_url,
-            config=Config(
-                signature_version="s3v4", retries={"max_attempts": 5, "mode": "standard"}
-            ),
+        config = Config(signature_version="s3v4", retries={"max_attempts": 5, "mode": "standard"})
+        self.client = boto3.client("s3", endpoint_url=endpoint_url, config=config)
+        # A signature covers the host, so URLs for clients are signed for the host they use.
+        self.presigner = (
+            boto3.client("s3", endpoint_url=public_endpoint_url, config=config)
+            if public_endpoint_url
+            else self.client
         )
         self.transfer = TransferConfig(
             multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_CHUNK
@@ -200,7 +202,7 @@ class S3Storage(Storage):
         media = mimetypes.guess_type(filename or key)[0]
         if media:
             params["ResponseContentType"] = media
-        return self.client.generate_presigned_url(
+        return self.presigner.generate_presigned_url(
             "get_object", Params=params, ExpiresIn=int(expires_s)
         )
 
@@ -306,6 +308,7 @@ def s3_storage(settings) -> S3Storage:
         settings.storage_url,
         settings.s3_endpoint_url,
         str(settings.scratch_path),
+        settings.s3_public_endpoint_url,
     )
     with _CACHE_LOCK:
         if key not in _CACHE:
@@ -314,5 +317,6 @@ def s3_storage(settings) -> S3Storage:
                 settings.storage_url,
                 settings.s3_endpoint_url,
                 settings.scratch_path,
+                settings.s3_public_endpoint_url,
             )
         return _CACHE[key]

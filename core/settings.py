@@ -25,6 +25,11 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = Field(
         None, description="S3 API endpoint for MinIO, R2 and the like; unset: AWS"
     )
+    s3_public_endpoint_url: str | None = Field(
+        None,
+        description="endpoint presigned download URLs name, where clients reach the store "
+        "another way than the services do; unset: S3_ENDPOINT_URL",
+    )
     scratch_dir: Path | None = Field(
         None, description="local working copies of S3 job files; unset: DATA_DIR/scratch"
     )
@@ -241,6 +246,7 @@ class Settings(BaseSettings):
         "metrics_token",
         "storage_url",
         "s3_endpoint_url",
+        "s3_public_endpoint_url",
         "scratch_dir",
         mode="before",
     )

@@ -16,6 +16,7 @@ GPU_FILE = REPO / "docker-compose.yml"
 CPU_FILE = REPO / "docker-compose.cpu.yml"
 GPU_WORKERS = ("worker-train", "worker-render")
 WORKERS = (*GPU_WORKERS, "worker-preprocess")
+INFRA = ("redis", "postgres", "minio", "minio-init")
 
 
 def _gpu_devices(service: dict) -> list[dict]:
@@ -39,11 +40,12 @@ def test_compose_config_validates(path, tmp_path):
     import yaml
 
     resolved = yaml.safe_load(r.stdout)
-    assert set(resolved["services"]) == {"redis", "api", *WORKERS}
+    assert set(resolved["services"]) == {*INFRA, "api", *WORKERS}
 
 
 def test_multi_host_overrides_validate(tmp_path):
-    """docker/compose.shared-redis.yml and docker/compose.nfs-data.yml, as docs/deploy.md uses them."""
+    """docker/compose.shared-redis.yml and docker/compose.shared-state.yml, as docs/deploy.md
+    uses them on the host whose Redis, PostgreSQL and MinIO serve other hosts."""
     exe = shutil.which("docker-compose")
     if exe is None:
         pytest.skip(
@@ -54,34 +56,52 @@ def test_multi_host_overrides_validate(tmp_path):
     files = [
         GPU_FILE,
         REPO / "docker" / "compose.shared-redis.yml",
-        REPO / "docker" / "compose.nfs-data.yml",
+        REPO / "docker" / "compose.shared-state.yml",
     ]
     args = [exe] + [a for f in files for a in ("-f", str(f))] + ["config"]
     env = {
         "PATH": os.environ["PATH"],
         "REDIS_PASSWORD": "s3cret",
-        "NFS_SERVER": "10.0.0.2",
-        "NFS_EXPORT": "/export/nf",
+        "POSTGRES_PASSWORD": "pg-s3cret",
+        "AWS_ACCESS_KEY_ID": "nf-key",
+        "AWS_SECRET_ACCESS_KEY": "s3-s3cret",
     }
     r = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     cfg = yaml.safe_load(r.stdout)
-    assert cfg["volumes"]["data"]["driver_opts"]["type"] == "nfs"
-    assert "addr=10.0.0.2" in cfg["volumes"]["data"]["driver_opts"]["o"]
     assert "s3cret" in cfg["services"]["redis"]["command"]
     assert any(p["target"] == 6379 for p in cfg["services"]["redis"]["ports"])
+    assert any(p["target"] == 5432 for p in cfg["services"]["postgres"]["ports"])
+    assert cfg["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"] == "pg-s3cret"
+    minio = cfg["services"]["minio"]["environment"]
+    assert (minio["MINIO_ROOT_USER"], minio["MINIO_ROOT_PASSWORD"]) == ("nf-key", "s3-s3cret")
     for name in ("api", *WORKERS):
-        assert cfg["services"][name]["environment"]["REDIS_URL"] == "redis://:s3cret@redis:6379/0"
-        sources = [
-            v["source"] if isinstance(v, dict) else v.split(":")[0]
-            for v in cfg["services"][name]["volumes"]
-        ]
-        assert "data" in sources, name
+        svc_env = cfg["services"][name]["environment"]
+        assert svc_env["REDIS_URL"] == "redis://:s3cret@redis:6379/0"
+        # The services log in with the same credentials the overridden servers were given.
+        assert svc_env["PGPASSWORD"] == "pg-s3cret"
+        assert (svc_env["AWS_ACCESS_KEY_ID"], svc_env["AWS_SECRET_ACCESS_KEY"]) == (
+            "nf-key",
+            "s3-s3cret",
+        )
+    assert "data" not in (cfg.get("volumes") or {})
 
-    # Without the password the override refuses to start an open Redis.
-    env.pop("REDIS_PASSWORD")
-    r = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
-    assert r.returncode != 0 and "REDIS_PASSWORD" in r.stderr
+    # Without a password each override refuses to publish its server.
+    for unset in ("REDIS_PASSWORD", "POSTGRES_PASSWORD", "AWS_SECRET_ACCESS_KEY"):
+        partial = {k: v for k, v in env.items() if k != unset}
+        r = subprocess.run(
+            args, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=partial
+        )
+        assert r.returncode != 0 and unset in r.stderr, unset
+
+
+def _volume_sources(service: dict) -> dict[str, str]:
+    """Container path -> named volume."""
+    out = {}
+    for v in service.get("volumes") or []:
+        src, target = (v["source"], v["target"]) if isinstance(v, dict) else str(v).split(":")[:2]
+        out[target] = src
+    return out
 
 
 @pytest.mark.parametrize("path", [GPU_FILE, CPU_FILE], ids=["gpu", "cpu"])
@@ -107,13 +127,48 @@ def test_topology(path):
     preprocess = argv_of(services["worker-preprocess"]["command"])
     assert preprocess[preprocess.index("-Q") + 1] == "preprocess"
 
-    # Everything that keeps state is on the shared `data` volume at DATA_DIR.
+    # State in PostgreSQL, files in MinIO's bucket, both healthy before anything uses them.
+    assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])
+    assert "/var/lib/postgresql/data" in _volume_sources(services["postgres"])
+    assert services["minio"]["healthcheck"]["test"]
+    assert "/data" in _volume_sources(services["minio"])
+    init = services["minio-init"]
+    assert init["depends_on"]["minio"]["condition"] == "service_healthy"
+    assert "mc mb --ignore-existing" in " ".join(argv_of(init["command"]))
+    assert environment_of(init)["STORAGE_URL"] == "s3://neural-field/nf"
     for name in ("api", *WORKERS):
         svc = services[name]
-        assert "data:/data" in svc["volumes"], name
-        assert environment_of(svc)["DATA_DIR"] == "/data"
-        assert environment_of(svc)["REDIS_URL"] == "redis://redis:6379/0"
+        env = environment_of(svc)
+        assert env["DATA_DIR"] == "/data"
+        assert env["REDIS_URL"] == "redis://redis:6379/0"
+        assert env["DATABASE_URL"] == "postgresql+psycopg://nf@postgres:5432/nf"
+        assert env["STORAGE_URL"] == environment_of(init)["STORAGE_URL"]
+        assert env["S3_ENDPOINT_URL"] == "http://minio:9000"
+        assert env["PGPASSWORD"] == environment_of(services["postgres"])["POSTGRES_PASSWORD"]
+        minio_env = environment_of(services["minio"])
+        assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == (
+            minio_env["MINIO_ROOT_USER"],
+            minio_env["MINIO_ROOT_PASSWORD"],
+        )
         assert svc["depends_on"]["redis"]["condition"] == "service_healthy"
+        assert svc["depends_on"]["postgres"]["condition"] == "service_healthy"
+        assert svc["depends_on"]["minio-init"]["condition"] == "service_completed_successfully"
+
+    # No data volume is shared: API and workers meet only through Redis, PostgreSQL and the
+    # bucket, so any of them can run on another host. The one volume they have in common is
+    # the host's metric samples (PROMETHEUS_MULTIPROC_DIR), which holds no job data.
+    apps = ("api", *WORKERS)
+    for i, a in enumerate(apps):
+        data_a = _volume_sources(services[a])["/data"]
+        for b in apps[i + 1 :]:
+            shared = set(_volume_sources(services[a]).values()) & set(
+                _volume_sources(services[b]).values()
+            )
+            assert shared <= {"metrics"}, (a, b, shared)
+            assert data_a != _volume_sources(services[b])["/data"]
+    for name in apps:
+        metrics_at = {t for t, s in _volume_sources(services[name]).items() if s == "metrics"}
+        assert metrics_at == {environment_of(services[name])["PROMETHEUS_MULTIPROC_DIR"]}
 
 
 def test_kernel_builds_come_from_the_image():

@@ -9,7 +9,11 @@ The translation is the one a container would see, moved onto this machine:
 - `<service>:<container port>` in environment values (e.g. redis://redis:6379/0) and
   `127.0.0.1:<own port>` in healthchecks point at the free local port that stands for it;
 - a bare environment key forwards this process's value when set, else leaves it unset, as
-  Compose does.
+  Compose does;
+- a service the test provides itself (`provided`: PostgreSQL as a database it created, MinIO as
+  an S3-compatible server) stands in for that service: any URL in an environment value whose
+  host is the service's name becomes the provided URL whole (`postgresql+psycopg://nf@postgres:
+  5432/nf` -> the test's database).
 Interpolation follows Compose: `$$`, `$VAR`, `${VAR}`, `${VAR:-default}`, `${VAR-default}`,
 `${VAR:?error}`.
 """
@@ -207,12 +211,22 @@ class LocalTopology:
         scratch: Path,
         ports: dict[str, int],
         base_env: Mapping[str, str] | None = None,
+        provided: Mapping[str, str] | None = None,
+        path: list[Path] | None = None,
     ):
         # ports: service name -> local port standing for its (single) listening container port.
+        # provided: service name -> the URL of what stands for it (module docstring).
+        # path: folders put first on the services' PATH (stand-ins for an image's tools).
         self.compose = compose
         self.scratch = Path(scratch)
         self.ports = ports
         self.base_env = dict(os.environ if base_env is None else base_env)
+        self.provided = dict(provided or {})
+        self.path = [Path(p) for p in path or []]
+
+    def volumes_of(self, name: str) -> dict[str, Path]:
+        """Container path -> the local folder standing for that service's volume there."""
+        return self._volume_map(self.compose["services"][name])
 
     def _volume_map(self, service: Mapping[str, Any]) -> dict[str, Path]:
         out = {}
@@ -235,6 +249,12 @@ class LocalTopology:
         return out
 
     def _localise(self, text: str, volumes: dict[str, Path], own: dict[str, str]) -> str:
+        for name, url in self.provided.items():
+            text = re.sub(
+                rf"\b[a-z][\w+.-]*://(?:[^@/\s\"']*@)?{re.escape(name)}(?![\w.-])(?::\d+)?(?:/[^\s\"']*)?",
+                lambda _m, url=url: url,
+                text,
+            )
         for hostport, local in {**self._endpoints(), **own}.items():
             text = re.sub(rf"(?<![\w.-]){re.escape(hostport)}(?!\d)", local, text)
         for target, host in sorted(volumes.items(), key=lambda kv: -len(kv[0])):
@@ -259,11 +279,16 @@ class LocalTopology:
                 local = str(self.scratch / "rootfs" / value.lstrip("/"))
                 Path(local).mkdir(parents=True, exist_ok=True)
             env[key] = local
-        bindirs = [str(REPO / "docker" / "bin"), str(Path(sys.executable).parent)]
+        bindirs = [
+            *map(str, self.path),
+            str(REPO / "docker" / "bin"),
+            str(Path(sys.executable).parent),
+        ]
         env["PATH"] = os.pathsep.join(bindirs + [env.get("PATH", "")])
         env["PYTHONUNBUFFERED"] = "1"
 
-        argv = [self._localise(a, volumes, own) for a in argv_of(svc["command"])]
+        command = argv_of(svc.get("entrypoint") or []) + argv_of(svc["command"])
+        argv = [self._localise(a, volumes, own) for a in command]
         argv = _local_listen(argv, container_ports(svc), self.ports.get(name))
         health = healthcheck_argv(svc)
         if health:
