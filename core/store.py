@@ -15,14 +15,17 @@ The job's files (uploads, dataset, checkpoints, artifacts) stay in storage; only
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import delete, func, select, text, tuple_, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from api_schemas.jobs import Job, JobKind, JobStatus, Progress
@@ -130,8 +133,17 @@ class JobStore:
             except Exception:
                 log.exception("status listener failed for job %s", job.id)
 
-    def _session(self, write: bool = False):
-        return session(engine=self.engine, write=write)
+    @contextmanager
+    def _session(self, write: bool = False) -> Iterator[Session]:
+        try:
+            with session(engine=self.engine, write=write) as s:
+                yield s
+        except OperationalError as exc:
+            # SQLite on a full disk: an OSError like any other file write, which callers already
+            # handle (worker/tasks.py retries recording a failure until space is back).
+            if "disk is full" in str(exc.orig):
+                raise OSError(errno.ENOSPC, f"No space left on device ({exc.orig})") from exc
+            raise
 
     # -- reads -------------------------------------------------------------------------
     def get(self, job_id: str) -> Job:

@@ -238,14 +238,17 @@ class Stack:
 
     @property
     def database_url(self) -> str:
-        return self.env.get("DATABASE_URL") or f"sqlite:///{self.data_dir.resolve()}/service.db"
+        data_dir = Path(self.env.get("DATA_DIR") or self.data_dir).resolve()
+        return self.env.get("DATABASE_URL") or f"sqlite:///{data_dir}/service.db"
 
     def store(self):
         """A JobStore on the stack's database (what the API and its workers write)."""
         from core.storage import LocalStorage
         from core.store import JobStore
 
-        return JobStore(LocalStorage(self.data_dir), url=self.database_url)
+        return JobStore(
+            LocalStorage(self.env.get("DATA_DIR") or self.data_dir), url=self.database_url
+        )
 
     def events(self, job_id: str) -> list[dict[str, Any]]:
         """The job's logged events, oldest first: {"id", "event", "data"}."""

@@ -19,14 +19,6 @@ import pytest
 from tests.support.stack import free_port, png_bytes
 
 
-def _events(job_dir: Path) -> list[dict]:
-    return [
-        json.loads(line)
-        for line in (job_dir / "events.jsonl").read_text().splitlines()
-        if line.strip()
-    ]
-
-
 def _pool_children(pid: int) -> list[int]:
     kids = []
     for entry in Path("/proc").iterdir():
@@ -73,7 +65,7 @@ def test_api_restart_mid_training_loses_nothing(stack_factory):
     done = stack.wait_status(job_id, "succeeded", "failed")
     assert done["status"] == "succeeded", done
     # One training from start to end: no restart (a second `running`), ids without gaps.
-    evs = _events(stack.job_dir(job_id))
+    evs = stack.events(job_id)
     assert [e["id"] for e in evs] == list(range(1, len(evs) + 1))
     assert [e["data"]["status"] for e in evs if e["event"] == "status"] == [
         "queued",
@@ -173,7 +165,7 @@ def test_redis_restart_loses_no_queued_job(stack_factory, tmp_path):
         assert "re-sent" in log and all(i in log for i in ids[:2])
         # Each trained exactly once, although the third one was both in Redis and re-sent.
         for job_id in ids:
-            runs = [e for e in _events(stack.job_dir(job_id)) if e["event"] == "status"]
+            runs = [e for e in stack.events(job_id) if e["event"] == "status"]
             assert [e["data"]["status"] for e in runs] == ["queued", "running", "succeeded"], runs
     finally:
         redis_server.kill()
@@ -216,7 +208,7 @@ def test_storage_that_stops_taking_writes_fails_the_job_readably(stack_factory):
     assert not [p for p in ckdir.iterdir() if p.name.endswith(".tmp")]
     ck = CheckpointManager(ckdir).load_latest()
     assert ck is not None and f"step-{ck.step}.safetensors" in survivors and ck.tensors
-    status_events = [e["data"] for e in _events(job_dir) if e["event"] == "status"]
+    status_events = [e["data"] for e in stack.events(job_id) if e["event"] == "status"]
     assert status_events[-1]["status"] == "failed" and status_events[-1]["error"] == failed["error"]
 
 
@@ -248,12 +240,12 @@ def test_a_truncated_checkpoint_is_never_loaded(stack_factory):
     )
     path = ckdir / f"step-{torn}.safetensors"
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    n = len(_events(job_dir))
+    n = len(stack.events(job_id))
 
     stack.start_worker()
     done = stack.wait_status(job_id, "succeeded", "failed", timeout=120)
     assert done["status"] == "succeeded", done
-    rerun = [e["data"]["step"] for e in _events(job_dir)[n:] if e["event"] == "progress"]
+    rerun = [e["data"]["step"] for e in stack.events(job_id)[n:] if e["event"] == "progress"]
     assert rerun[0] == older[-1], (
         torn,
         older,

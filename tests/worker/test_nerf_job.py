@@ -66,10 +66,7 @@ def test_training_beats_the_background_baseline(fs_stack, trained, scene):
     assert m["steps"] == CONFIG["steps"]
     p = job["progress"]
     assert p["step"] == CONFIG["steps"] and p["rays_per_s"] > 0 and p["samples_per_ray"] > 0
-    events = [
-        json.loads(x)
-        for x in (fs_stack.job_dir(trained["id"]) / "events.jsonl").read_text().splitlines()
-    ]
+    events = fs_stack.events(trained["id"])
     psnrs = [
         e["data"]["psnr"]
         for e in events

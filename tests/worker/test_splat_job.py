@@ -62,10 +62,7 @@ def test_training_learns_the_scene(fs_stack, trained, scene):
     assert m["steps"] == CONFIG["steps"]
     assert m["n_gaussians"] != CONFIG["n_init_points"]  # densification and pruning ran
     assert trained["job"]["dataset"]["source_format"] == "blender"
-    events = [
-        json.loads(x)
-        for x in (fs_stack.job_dir(trained["id"]) / "events.jsonl").read_text().splitlines()
-    ]
+    events = fs_stack.events(trained["id"])
     psnrs = [
         e["data"]["psnr"]
         for e in events
