@@ -21,7 +21,8 @@ from sqlalchemy.orm import Session
 
 from api_schemas.exports import Export, ExportFormat, ExportStatus
 from core import leases
-from core.db.engine import session
+from core.db import migrate
+from core.db.engine import database_url, session
 from core.db.exports import ExportRow
 from core.db.leases import EXPORT, Lease
 from core.store import utcnow
@@ -67,10 +68,16 @@ def to_model(row: ExportRow) -> Export:
 
 class ExportStore:
     def __init__(self, storage=None, settings=None):
+        """Rows in `settings`' database; by default the process's DATABASE_URL, else the SQLite
+        file under the storage's DATA_DIR (as JobStore picks it)."""
         if settings is None:
             from core.settings import get_settings
 
             settings = get_settings()
+            data_dir = getattr(storage, "data_dir", None)
+            if not settings.database_url and data_dir is not None:
+                settings = settings.model_copy(update={"data_dir": data_dir})
+        migrate.ensure(database_url(settings))
         self.storage = storage
         self.settings = settings
 

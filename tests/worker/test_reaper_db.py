@@ -7,6 +7,10 @@ unfinished rows only."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 
@@ -50,10 +54,10 @@ def env(request, tmp_path):
         yield settings, store, client
 
 
-def _job(store: JobStore, dataset: dict | None = None) -> str:
+def _job(store: JobStore, dataset: dict | None = None, kind: str = "image") -> str:
     job_id = str(uuid.uuid4())
     store.reserve(job_id, "k-owner")
-    store.create(job_id, "image", {}, dataset or {}, owner="k-owner")
+    store.create(job_id, kind, {}, dataset or {}, owner="k-owner")
     return job_id
 
 
@@ -125,3 +129,53 @@ def test_exports_and_render_jobs_are_covered(env):
     reaper.stranded(settings)
     state = path_jobs.read(job_id, slow, settings=settings)
     assert state["status"] == "failed" and "MAX_RENDER_JOB_S" in state["error"]
+
+
+EXPORT_WORKER = """
+import contextlib, os, signal, sys
+from core.storage import LocalStorage
+from core.store import JobStore
+from worker.exports import execute
+
+def dies(*_):  # the export takes its worker down (out of memory, a crash in a kernel)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+store = JobStore(LocalStorage(os.environ["DATA_DIR"]), url=os.environ["DATABASE_URL"])
+execute(store, sys.argv[1], sys.argv[2], dies, lambda storage, job_id: contextlib.nullcontext())
+print("returned", flush=True)
+"""
+
+
+def test_an_export_that_kills_its_worker_is_sent_again_then_fails_at_the_cap(env):
+    settings, store, _ = env
+    job_id = _job(store, kind="splat")
+    store.set_status(job_id, JobStatus.succeeded)
+    exports = ExportStore(None, settings)
+    export, _ = exports.create_or_get(job_id, ExportFormat.splat, {})
+    proc_env = {
+        **os.environ,
+        "DATA_DIR": str(settings.data_dir),
+        "DATABASE_URL": settings.database_url,
+        "MAX_WORKER_LOSSES": "3",
+        "LEASE_TTL_S": "60",
+    }
+    for delivery in range(1, 5):
+        run = subprocess.run(
+            [sys.executable, "-c", EXPORT_WORKER, job_id, export.id],
+            env=proc_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        state = exports.get(job_id, export.id)
+        if delivery <= 3:
+            assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
+            assert state.status == ExportStatus.running
+            # Its worker is gone: the next round sends it again (here: once per death).
+            (again,) = reaper.stranded_exports(settings, in_broker=set())
+            assert again.task.export_id == export.id and again.why == "lost worker"
+        else:
+            assert run.returncode == 0 and "returned" in run.stdout, run.stderr[-2000:]
+    assert state.status == ExportStatus.failed
+    assert "worker lost 3 times" in state.error and "MAX_WORKER_LOSSES" in state.error
+    assert reaper.stranded_exports(settings, in_broker=set()) == []
