@@ -237,6 +237,9 @@ class _Progress:
     def set_deadline(self, *args):
         pass
 
+    def due(self, *args):
+        return True
+
 
 def _ctx(tmp_path: Path, config, device="cpu"):
     from core.settings import Settings
@@ -316,6 +319,20 @@ def test_every_splat_config_field_is_read_by_the_splat_job(tmp_path):
     JOB.train(_ctx(tmp_path, Recording(**small, strategy="mcmc", cap_max=400)))
     missing = set(SplatConfig.model_fields) - BEFORE_TRAINING - read
     assert not missing, f"SplatConfig fields the splat job never reads: {sorted(missing)}"
+
+
+def test_every_image_config_field_is_read_by_the_image_job(tmp_path):
+    from PIL import Image
+
+    from worker.jobs import image
+
+    (tmp_path / "job" / "dataset").mkdir(parents=True)
+    Image.new("RGB", (12, 9), (200, 40, 90)).save(tmp_path / "job" / "dataset" / "image.png")
+    Recording, read = _recording(ImageConfig)
+    metrics = image.train(_ctx(tmp_path, Recording(steps=3, resolution=8, hidden=8, layers=2)))
+    assert (metrics["train_width"], metrics["train_height"]) == (8, 6)
+    missing = set(ImageConfig.model_fields) - read
+    assert not missing, f"ImageConfig fields the image job never reads: {sorted(missing)}"
 
 
 # -- export options --------------------------------------------------------------------------------
