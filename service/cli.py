@@ -557,7 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the service's own database, run beside the service with its environment "
         "(DATABASE_URL or DATA_DIR): `nf db upgrade` applies the migrations",
     )
-    s.add_argument("db_args", nargs=argparse.REMAINDER, metavar="upgrade|current")
+    s.add_argument("db_args", nargs=argparse.REMAINDER, metavar="upgrade|current|import")
     s.set_defaults(fn=cmd_db)
 
     s = sub_add("download", help="download the job's latest checkpoint")
