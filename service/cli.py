@@ -388,6 +388,8 @@ def cmd_path(api: Api, args) -> int:
 
 def cmd_list(api: Api, args) -> int:
     params: dict[str, Any] = {"limit": args.limit, "offset": args.offset}
+    if args.cursor:
+        params = {"limit": args.limit, "cursor": args.cursor}
     if args.status:
         params["status"] = args.status
     if args.kind:
@@ -413,6 +415,8 @@ def cmd_list(api: Api, args) -> int:
         )
     out.print(t)
     err.print(f"{len(page['items'])} of {page.get('total', len(page['items']))} jobs")
+    if page.get("next_cursor"):
+        err.print(f"more: nf list --cursor {page['next_cursor']}", markup=False)
     return 0
 
 
@@ -546,6 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kind")
     s.add_argument("--limit", type=int, default=20)
     s.add_argument("--offset", type=int, default=0)
+    s.add_argument("--cursor", help="the next page: the cursor the previous `nf list` printed")
     s.set_defaults(fn=cmd_list)
 
     s = sub_add("cancel", help="cancel a queued or running job")
