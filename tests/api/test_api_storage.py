@@ -142,3 +142,19 @@ def test_local_artifacts_never_follow_links(stack_factory):
         r = stack.client.get(f"/v1/jobs/{job_id}/artifacts/{name}")
         assert r.status_code in (404, 422) and "top secret" not in r.text
     assert stack.client.get(f"/v1/jobs/{job_id}/artifacts").json()["items"] == []
+
+
+def test_a_trained_job_on_s3_serves_its_render_from_the_bucket(stack_factory, s3_bucket):
+    stack = stack_factory(env=s3_bucket.env)
+    job_id = stack.submit(png_bytes(16, 16), config={"steps": 20, "resolution": 16}).json()["id"]
+    assert stack.wait_status(job_id, "succeeded", "failed")["status"] == "succeeded"
+    items = stack.client.get(f"/v1/jobs/{job_id}/artifacts").json()["items"]
+    assert items, "the worker stored no artifact"
+    name = items[0]["name"]
+    assert f"nf/jobs/{job_id}/artifacts/{name}" in s3_bucket.keys()
+    r = stack.client.get(f"/v1/jobs/{job_id}/artifacts/{name}")
+    assert r.status_code == 302
+    got = httpx.get(r.headers["location"])
+    assert got.status_code == 200 and len(got.content) == items[0]["size"]
+    r = stack.client.get(f"/v1/jobs/{job_id}/checkpoint")
+    assert r.status_code == 200 and int(r.headers["x-checkpoint-step"]) > 0
