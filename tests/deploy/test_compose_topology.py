@@ -1,7 +1,10 @@
 """docker-compose.yml's services, run as local processes, serve a real image job end to end.
 
 Each service's command, environment, volumes and healthcheck come from the compose file
-(translated by compose_local.py); Redis is a scratch redis-server on a free port. Training must
+(translated by compose_local.py); Redis is a scratch redis-server on a free port, PostgreSQL a
+database this test creates on the local server, MinIO moto's S3 server, and `minio-init` runs its
+own command (with a stand-in `mc`) to make the bucket. No folder is shared between the API and
+the workers: each service has its own volumes, as in the compose file. Training must
 be done by the worker-train process and rendering by the worker-render process, and stopping
 the render worker must leave training alone: renders then fail cleanly (504) while the
 training still finishes, and a restarted render worker serves again.
@@ -16,12 +19,14 @@ import shutil
 import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.support.compose_local import REPO, LocalTopology, free_port, load_compose
+from tests.support.databases import postgres_database
 from tests.support.stack import TEST_KEY, auth_headers
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -55,10 +60,11 @@ def _celery_hostname(argv: list[str]) -> str:
 
 
 class Stack:
-    def __init__(self, tmp: Path):
+    def __init__(self, tmp: Path, database_url: str, s3_endpoint: str):
         if shutil.which("redis-server") is None:
             pytest.skip("redis-server not installed (apt-get install redis-server)")
         self.tmp = tmp
+        self.database_url = database_url
         self.redis_port, self.api_port = free_port(), free_port()
         self.redis = subprocess.Popen(
             [
@@ -77,15 +83,34 @@ class Stack:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        # Defaults of the compose file, not whatever this shell has exported.
-        self.compose = load_compose(COMPOSE_FILE, env={})
+        # Defaults of the compose file, not whatever this shell has exported; a bucket of this
+        # test's own on the shared S3 server (minio-init makes the one STORAGE_URL names).
+        self.bucket = f"nf-topology-{uuid.uuid4().hex[:12]}"
+        self.compose = load_compose(COMPOSE_FILE, env={"STORAGE_URL": f"s3://{self.bucket}/nf"})
         base_env = {k: v for k, v in os.environ.items() if k not in _settings_env_names()}
         # Reach the services through the compose file's bare (forwarded) settings.
         base_env.update(
-            RENDER_TIMEOUT_S=str(RENDER_TIMEOUT_S), TORCH_THREADS="1", API_KEYS=f"test:{TEST_KEY}"
+            RENDER_TIMEOUT_S=str(RENDER_TIMEOUT_S),
+            TORCH_THREADS="1",
+            API_KEYS=f"test:{TEST_KEY}",
+            MC_CONFIG_DIR=str(tmp / "mc"),
         )
         self.topology = LocalTopology(
-            self.compose, tmp, {"redis": self.redis_port, "api": self.api_port}, base_env=base_env
+            self.compose,
+            tmp,
+            {"redis": self.redis_port, "api": self.api_port},
+            base_env=base_env,
+            provided={"postgres": database_url, "minio": s3_endpoint},
+            path=[REPO / "tests" / "support" / "bin"],
+        )
+        import boto3
+
+        self.s3 = boto3.client(
+            "s3",
+            endpoint_url=s3_endpoint,
+            aws_access_key_id="any",
+            aws_secret_access_key="any",
+            region_name="us-east-1",
         )
         self.services = {}
         self.http = httpx.Client(
@@ -97,6 +122,32 @@ class Stack:
         svc.start()
         self.services[name] = svc
         return svc
+
+    def init_storage(self) -> None:
+        """What compose runs before the API and the workers: the one-shot minio-init, to its
+        successful end; then the bucket STORAGE_URL names exists."""
+        init = self.start("minio-init")
+        assert init.proc.wait(60) == 0, init.log()
+        names = [b["Name"] for b in self.s3.list_buckets()["Buckets"]]
+        assert self.bucket in names, init.log()
+
+    def events(self, job_id: str) -> list[dict]:
+        """The job's events, from the database the services share."""
+        from core.storage import LocalStorage
+        from core.store import JobStore
+
+        store = JobStore(LocalStorage(self.tmp / "reader"), url=self.database_url)
+        return store.events(job_id)
+
+    def latest_checkpoint(self, job_id: str) -> int | None:
+        """The step the job's published `latest` pointer names in the bucket."""
+        try:
+            body = self.s3.get_object(
+                Bucket=self.bucket, Key=f"nf/jobs/{job_id}/checkpoints/latest"
+            )["Body"].read()
+        except self.s3.exceptions.NoSuchKey:
+            return None
+        return int(body.decode().strip())
 
     def celery_client(self):
         from celery import Celery
@@ -132,12 +183,33 @@ class Stack:
 
 
 @pytest.fixture
-def compose_stack(tmp_path):
-    s = Stack(tmp_path)
-    try:
-        yield s
-    finally:
-        s.close()
+def compose_stack(tmp_path, s3_server):
+    with postgres_database() as url:
+        s = Stack(tmp_path, url, s3_server.endpoint)
+        try:
+            s.init_storage()
+            yield s
+        finally:
+            s.close()
+
+
+def test_services_share_no_folder(compose_stack):
+    """Each service's volumes are folders of its own; the only one two services have in common
+    is the host's metric samples."""
+    topology = compose_stack.topology
+    apps = ("api", "worker-train", "worker-render", "worker-preprocess")
+    folders = {name: topology.volumes_of(name) for name in apps}
+    for i, a in enumerate(apps):
+        for b in apps[i + 1 :]:
+            shared = {
+                target for target, folder in folders[a].items() if folder in folders[b].values()
+            }
+            assert shared <= {"/metrics"}, (a, b, shared)
+    for name in apps:
+        env = topology.service(name).env
+        assert env["DATA_DIR"] == str(folders[name]["/data"])
+        assert env["DATABASE_URL"] == compose_stack.database_url
+        assert env["STORAGE_URL"] == f"s3://{compose_stack.bucket}/nf"
 
 
 def _submit(http: httpx.Client, photo: bytes, steps: int) -> str:
@@ -163,11 +235,10 @@ def _wait(http: httpx.Client, job_id: str, done, timeout: float, what: str) -> d
     pytest.fail(f"job {job_id} not {what} after {timeout}s: {job}")
 
 
-def _steps_per_s(tmp: Path, job_id: str) -> float:
-    events = (tmp / "volumes" / "data" / "jobs" / job_id / "events.jsonl").read_text().splitlines()
+def _steps_per_s(stack: Stack, job_id: str) -> float:
     progress = [
         e["data"]
-        for e in map(json.loads, events)
+        for e in stack.events(job_id)
         if e["event"] == "progress" and e["data"]["step"] > 0
     ]
     first, last = progress[0], progress[-1]
@@ -204,11 +275,15 @@ def test_compose_services_run_a_job_and_training_outlives_the_render_worker(comp
     assert r.headers["content-type"] == "image/png" and _png_size(r.content) == (64, 48)
     assert stack.worker_totals("worker-train") == {"nf.train": 1}
     assert stack.worker_totals("worker-render") == {"nf.render": 1}
+    # The trained model is in the bucket, published; nothing of it is on the API's volume.
+    assert stack.latest_checkpoint(job1) is not None
+    api_data = stack.topology.volumes_of("api")["/data"]
+    assert not list(api_data.glob(f"**/{job1}/checkpoints/*"))
 
-    # Size the second job from the first one's steady speed (its progress events on the data
-    # volume), so it is still training when the render worker goes away: ≈15 s here, whatever
+    # Size the second job from the first one's steady speed (its progress events in the
+    # database), so it is still training when the render worker goes away: ≈15 s here, whatever
     # this CPU's load.
-    steps2 = int(min(max(15.0 * _steps_per_s(stack.tmp, job1), 500), 200_000))
+    steps2 = int(min(max(15.0 * _steps_per_s(stack, job1), 500), 200_000))
     job2 = _submit(stack.http, photo, steps2)
     _wait(
         stack.http,
@@ -248,9 +323,8 @@ def test_compose_services_run_a_job_and_training_outlives_the_render_worker(comp
     assert _png_size(r.content) == (48, 48)
 
 
-def _progress_steps(tmp: Path, job_id: str) -> list[int]:
-    events = (tmp / "volumes" / "data" / "jobs" / job_id / "events.jsonl").read_text().splitlines()
-    return [e["data"]["step"] for e in map(json.loads, events) if e["event"] == "progress"]
+def _progress_steps(stack: Stack, job_id: str) -> list[int]:
+    return [e["data"]["step"] for e in stack.events(job_id) if e["event"] == "progress"]
 
 
 def test_restarting_the_train_worker_hands_the_training_to_the_next_one(compose_stack):
@@ -266,9 +340,8 @@ def test_restarting_the_train_worker_hands_the_training_to_the_next_one(compose_
 
     job = _submit(stack.http, photo, 100_000)  # far longer than this test waits for one worker
     _wait(stack.http, job, lambda j: j["progress"]["step"] > 200, 120, "training")
-    latest = stack.tmp / "volumes" / "data" / "jobs" / job / "checkpoints" / "latest"
     end = time.monotonic() + 30
-    while not latest.exists():
+    while stack.latest_checkpoint(job) is None:
         assert time.monotonic() < end, train.log()
         time.sleep(0.1)
 
@@ -281,13 +354,13 @@ def test_restarting_the_train_worker_hands_the_training_to_the_next_one(compose_
     # worker's start-up sweep sends it again, so it never waits out a visibility timeout.
     assert stack.http.get(f"/v1/jobs/{job}").json()["status"] == "queued"
 
-    stopped_at = _progress_steps(stack.tmp, job)
-    checkpoint_step = int(latest.read_text().strip())
+    stopped_at = _progress_steps(stack, job)
+    checkpoint_step = stack.latest_checkpoint(job)
     train2 = stack.start("worker-train")
     _wait(stack.http, job, lambda j: j["progress"]["step"] > max(stopped_at) + 200, 120, "resumed")
     assert stack.worker_totals("worker-train") == {"nf.train": 1}  # the new process has it
 
     # The resumed run's first progress is the latest checkpoint's step, not 0.
-    resumed_from = _progress_steps(stack.tmp, job)[len(stopped_at)]
+    resumed_from = _progress_steps(stack, job)[len(stopped_at)]
     assert resumed_from == checkpoint_step > 0, (stopped_at[-5:], resumed_from, checkpoint_step)
     train2.stop()

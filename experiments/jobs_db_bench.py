@@ -1,0 +1,303 @@
+"""Job state at scale on PostgreSQL: `GET /v1/jobs` latency and a reaper round's time.
+
+    .venv/bin/python experiments/jobs_db_bench.py [--jobs 100000] [--small 1000]
+
+Makes a database of its own on the PostgreSQL server at TEST_PG_ADMIN (default
+postgresql://postgres@127.0.0.1:5432/postgres) and drops it at the end. It holds `--jobs` jobs
+(COPY, migrated schema) spread over 500 keys as real tenants are (key i owns a share ~1/(i+1):
+the largest ~15 %, the smallest a few dozen), 85 % succeeded / 10 % failed / 5 % cancelled over
+a year, plus 200 unfinished ones (queued and running, no worker: the reaper's work). The API runs
+as a uvicorn process on that database and answers three keys: the largest tenant, a middle one
+and a small one. Measured through HTTP on one keep-alive connection:
+
+- first pages (`?limit=50`) for each key; the largest key's first page filtered by status;
+- the largest key's deep pages: its whole list walked by `next_cursor` (keyset), and for
+  contrast `?offset=` pages as deep;
+- a reaper round (worker/reaper.py `reap`, filesystem broker) on this database and on one with
+  `--small` finished jobs and the same 200 unfinished: the first round (which re-sends the
+  200) and the steady rounds after it (median of 5).
+
+Prints a markdown table (docs/deploy.md carries one run's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import psycopg
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PG_ADMIN = os.environ.get("TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
+SECRET = "bench-secret"
+TOKENS = {"largest": "tok-largest-0", "middle": "tok-middle-9", "small": "tok-small-300"}
+RANKS = {"largest": 0, "middle": 9, "small": 300}
+N_OWNERS = 500
+ACTIVE = 200
+COLUMNS = (
+    "id, kind, status, owner, created_at, updated_at, config, dataset, metrics, progress, "
+    "error, cancel_requested, last_seq"
+)
+
+
+@contextmanager
+def database(tag: str):
+    name = f"nf_bench_{tag}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN.rsplit("/", 1)[0]
+    try:
+        yield (
+            f"{base}/{name}".replace("postgresql://", "postgresql+psycopg://", 1),
+            (f"{base}/{name}"),
+        )
+    finally:
+        from core.db.engine import dispose_all
+
+        dispose_all()
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def owner_ids() -> list[str]:
+    from service.auth import key_id
+
+    ids = [f"h-{uuid.uuid4().hex}" for _ in range(N_OWNERS)]
+    for name, rank in RANKS.items():
+        ids[rank] = key_id(TOKENS[name], SECRET.encode())
+    return ids
+
+
+def fill(libpq_url: str, n_finished: int, seed: int = 0) -> dict[str, int]:
+    """Insert n_finished finished jobs and ACTIVE unfinished ones; jobs per measured key."""
+    rng = random.Random(seed)
+    owners = owner_ids()
+    weights = [1 / (i + 1) for i in range(N_OWNERS)]
+    now = datetime.now(UTC)
+    per_owner = {name: 0 for name in RANKS}
+    rank_name = {rank: name for name, rank in RANKS.items()}
+
+    def row(status: str, created: datetime, owner_rank: int):
+        kind = rng.choices(("nerf", "splat", "image"), (4, 4, 2))[0]
+        steps = rng.choice((3000, 10000, 30000))
+        done = status == "succeeded"
+        if owner_rank in rank_name:
+            per_owner[rank_name[owner_rank]] += 1
+        return (
+            str(uuid.UUID(int=rng.getrandbits(128), version=4)),
+            kind,
+            status,
+            owners[owner_rank],
+            created,
+            created + timedelta(minutes=rng.uniform(1, 90)),
+            json.dumps({"steps": steps, "resolution": 512, "lr": 0.01}),
+            json.dumps({"images": rng.randint(20, 400), "source": "upload.zip"}),
+            json.dumps({"psnr": round(rng.uniform(18, 32), 2)} if done else {}),
+            json.dumps({"step": steps if done else rng.randint(0, steps), "total_steps": steps}),
+            "CUDA out of memory" if status == "failed" else None,
+            status == "cancelled",
+            rng.randint(3, 60),
+        )
+
+    with psycopg.connect(libpq_url) as conn, conn.cursor() as cur:
+        with cur.copy(f"COPY jobs ({COLUMNS}) FROM STDIN") as copy:
+            for _ in range(n_finished):
+                status = rng.choices(("succeeded", "failed", "cancelled"), (85, 10, 5))[0]
+                created = now - timedelta(days=365 * rng.random(), minutes=120)
+                copy.write_row(row(status, created, rng.choices(range(N_OWNERS), weights)[0]))
+            for i in range(ACTIVE):
+                status = "queued" if i % 2 == 0 else "running"
+                created = now - timedelta(minutes=rng.uniform(30, 600))
+                copy.write_row(row(status, created, rng.randrange(N_OWNERS)))
+        conn.commit()
+        cur.execute("ANALYZE")
+    return per_owner
+
+
+def start_api(url: str, data_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "API_KEYS_FILE")}
+    env.update(
+        DATA_DIR=str(data_dir),
+        DATABASE_URL=url,
+        KEY_ID_SECRET=SECRET,
+        API_KEYS=",".join(f"{n}:{t}" for n, t in TOKENS.items()),
+        LOG_FORMAT="text",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "service.app:app", "--port", str(port),
+         "--log-level", "warning"],
+        cwd=REPO, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(base + "/readyz", timeout=2).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(log.read_text()[-3000:])
+        time.sleep(0.2)
+    raise TimeoutError(log.read_text()[-3000:])
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def timed(client: httpx.Client, path: str, params: dict) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    r = client.get(path, params=params)
+    ms = (time.perf_counter() - t0) * 1000
+    r.raise_for_status()
+    return ms, r.json()
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+
+
+def listing(base: str, jobs_of: dict[str, int], repeats: int) -> list[tuple[str, int, list[float]]]:
+    out = []
+    clients = {
+        n: httpx.Client(base_url=base, headers={"Authorization": f"Bearer {t}"}, timeout=30)
+        for n, t in TOKENS.items()
+    }
+    try:
+        for c in clients.values():
+            for _ in range(10):  # warm the connection, the pool and the plan cache
+                timed(c, "/v1/jobs", {"limit": 50})
+        for name in ("largest", "middle", "small"):
+            times = [timed(clients[name], "/v1/jobs", {"limit": 50})[0] for _ in range(repeats)]
+            out.append((f"first page, {name} key ({jobs_of[name]:,} jobs)", len(times), times))
+        c = clients["largest"]
+        times = [timed(c, "/v1/jobs", {"limit": 50, "status": "failed"})[0] for _ in range(repeats)]
+        out.append(("first page, largest key, `?status=failed`", len(times), times))
+        # The whole list by keyset, page after page.
+        pages, cursor, seen = [], None, 0
+        while True:
+            params = {"limit": 50, **({"cursor": cursor} if cursor else {})}
+            ms, body = timed(c, "/v1/jobs", params)
+            pages.append(ms)
+            seen += len(body["items"])
+            cursor = body["next_cursor"]
+            if not cursor:
+                break
+        assert seen == jobs_of["largest"], (seen, jobs_of["largest"])
+        deep = pages[len(pages) // 2 :]
+        out.append(
+            (f"keyset pages {len(pages) // 2 + 1}-{len(pages)} of the largest key", len(deep), deep)
+        )
+        depth = max(0, len(pages) - 10) * 50
+        times = [
+            timed(c, "/v1/jobs", {"limit": 50, "offset": depth})[0] for _ in range(repeats // 4)
+        ]
+        out.append((f"`?offset={depth}` (for contrast), largest key", len(times), times))
+    finally:
+        for cl in clients.values():
+            cl.close()
+    return out
+
+
+def reaper_rounds(url: str, data_dir: Path, steady: int = 5) -> tuple[float, int, float]:
+    """(first round ms, tasks it sent, median steady round ms)."""
+    from celery import Celery
+
+    from core.celery_config import celery_config
+    from core.settings import Settings
+    from core.storage import LocalStorage
+    from core.store import JobStore
+    from worker import reaper
+
+    logging.getLogger("worker.reaper").setLevel(logging.ERROR)  # it names every job it re-sends
+    settings = Settings(data_dir=data_dir, database_url=url, queued_grace_s=0.0)
+    client = Celery("bench-reaper")
+    client.conf.update(celery_config(settings))
+    store = JobStore(LocalStorage(data_dir), url=url)
+    t0 = time.perf_counter()
+    sent = reaper.reap(client, store, settings)
+    first = (time.perf_counter() - t0) * 1000
+    times = []
+    for _ in range(steady):
+        t0 = time.perf_counter()
+        again = reaper.reap(client, store, settings)
+        times.append((time.perf_counter() - t0) * 1000)
+        assert not again, f"a steady round re-sent {len(again)}"
+    return first, len(sent), statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=100_000)
+    ap.add_argument("--small", type=int, default=1_000)
+    ap.add_argument("--repeats", type=int, default=200)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="nf-jobs-bench-") as tmp:
+        tmp = Path(tmp)
+        with database("big") as (url, libpq):
+            from core.db.migrate import upgrade_url
+
+            upgrade_url(url)
+            t0 = time.perf_counter()
+            jobs_of = fill(libpq, args.jobs - ACTIVE)
+            fill_s = time.perf_counter() - t0
+            api, base = start_api(url, tmp / "api", tmp / "api.log")
+            try:
+                results = listing(base, jobs_of, args.repeats)
+            finally:
+                api.terminate()
+                api.wait(10)
+            big = reaper_rounds(url, tmp / "reaper-big")
+        with database("small") as (url, libpq):
+            from core.db.migrate import upgrade_url
+
+            upgrade_url(url)
+            fill(libpq, args.small)
+            small = reaper_rounds(url, tmp / "reaper-small")
+
+    with psycopg.connect(PG_ADMIN) as conn:
+        pg_version = conn.execute("SHOW server_version").fetchone()[0]
+    print(
+        f"\n{args.jobs:,} jobs ({args.jobs - ACTIVE:,} finished, {ACTIVE} unfinished) over "
+        f"{N_OWNERS} keys, inserted in {fill_s:.1f} s; PostgreSQL {pg_version}; "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end\n"
+    )
+    print("| `GET /v1/jobs?limit=50` | requests | p50 ms | p99 ms |")
+    print("|---|---:|---:|---:|")
+    for what, n, times in results:
+        print(f"| {what} | {n} | {pct(times, 50):.1f} | {pct(times, 99):.1f} |")
+    print()
+    print("| reaper round (200 unfinished jobs) | first round ms (re-sends) | steady round ms |")
+    print("|---|---:|---:|")
+    for label, (first, sent, steady) in (
+        (f"{args.small:,} finished jobs", small),
+        (f"{args.jobs - ACTIVE:,} finished jobs", big),
+    ):
+        print(f"| {label} | {first:.0f} ({sent}) | {steady:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
