@@ -190,6 +190,16 @@ class JobStore:
             rows = s.scalars(q.limit(limit)).all()
             return [_to_job(r) for r in rows], total
 
+    def counts(self) -> dict[tuple[str, str], int]:
+        """How many jobs there are per (kind, status), reserved uploads left out."""
+        with self._session() as s:
+            rows = s.execute(
+                select(JobRow.kind, JobRow.status, func.count())
+                .where(JobRow.status != RESERVED)
+                .group_by(JobRow.kind, JobRow.status)
+            ).all()
+        return {(kind, status): n for kind, status, n in rows}
+
     def owner_of(self, job_id: str) -> str | None:
         """The key id that owns the job (also while its upload is being admitted)."""
         with self._session() as s:

@@ -124,7 +124,10 @@ def test_reserved_row_owner_cancel_and_delete(store):
     store.set_status(other, JobStatus.running)
     assert store.request_cancel(other).status == JobStatus.running
     assert store.cancel_requested(other)
-    assert store.rename_owner("h-a", "h-z") == 2 and store.owner_of(job_id) == "h-z"
+    assert store.counts() == {("image", "cancelled"): 1, ("image", "running"): 1}
+    store.reserve(str(uuid.uuid4()), "h-a")  # not a job yet: not counted
+    assert sum(store.counts().values()) == 2
+    assert store.rename_owner("h-a", "h-z") == 3 and store.owner_of(job_id) == "h-z"
     store.delete(job_id)
     assert not store.exists(job_id) and store.events(job_id) == []
     assert store.poll(job_id) == ([], None)
