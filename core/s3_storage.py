@@ -29,6 +29,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from core.storage import (
+    DirectUpload,
     JobPaths,
     ObjectInfo,
     Storage,
@@ -43,6 +44,9 @@ MANIFEST = ".storage-manifest.json"
 MULTIPART_THRESHOLD = 16 << 20
 MULTIPART_CHUNK = 16 << 20
 DELETE_BATCH = 1000  # DeleteObjects' limit per request
+# S3's multipart rules: parts of 5 MiB at least (the last apart), 10,000 parts at most.
+MIN_PART = 5 << 20
+MAX_PARTS = 10_000
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 _UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._ -]")
 
@@ -205,6 +209,48 @@ class S3Storage(Storage):
         return self.presigner.generate_presigned_url(
             "get_object", Params=params, ExpiresIn=int(expires_s)
         )
+
+    # -- direct uploads ------------------------------------------------------------------------
+    def start_upload(self, job_id: str, key: str, size: int, expires_s: int = 3600) -> DirectUpload:
+        if size <= 0:
+            raise ValueError("a direct upload needs a size above 0")
+        part_size = max(MULTIPART_CHUNK, -(-size // MAX_PARTS))
+        part_size = -(-part_size // MIN_PART) * MIN_PART
+        name = self._name(job_id, key)
+        upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=name)["UploadId"]
+        urls = [
+            self.presigner.generate_presigned_url(
+                "upload_part",
+                Params={"Bucket": self.bucket, "Key": name, "UploadId": upload_id, "PartNumber": i},
+                ExpiresIn=int(expires_s),
+            )
+            for i in range(1, -(-size // part_size) + 1)
+        ]
+        return DirectUpload(upload_id, part_size, urls)
+
+    def finish_upload(self, job_id: str, key: str, upload_id: str, etags: list[str]) -> ObjectInfo:
+        name = self._name(job_id, key)
+        parts = [{"PartNumber": i, "ETag": etag} for i, etag in enumerate(etags, 1)]
+        try:
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=name, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            )
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code"))
+            if code in {"InvalidPart", "InvalidPartOrder", "EntityTooSmall", "NoSuchUpload"}:
+                raise ValueError(f"the upload's parts do not add up ({code})") from None
+            raise
+        head = self.client.head_object(Bucket=self.bucket, Key=name)
+        return ObjectInfo(key, int(head["ContentLength"]), head["LastModified"].timestamp())
+
+    def abort_upload(self, job_id: str, key: str, upload_id: str) -> None:
+        try:
+            self.client.abort_multipart_upload(
+                Bucket=self.bucket, Key=self._name(job_id, key), UploadId=upload_id
+            )
+        except ClientError as exc:
+            if str(exc.response.get("Error", {}).get("Code")) != "NoSuchUpload":
+                raise
 
     def stored_bytes(self, job_id: str) -> int:
         return sum(int(o["Size"]) for o in self._objects(job_id))

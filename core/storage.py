@@ -164,6 +164,17 @@ class ObjectInfo:
     mtime: float
 
 
+@dataclass(frozen=True)
+class DirectUpload:
+    """A multipart upload that clients send straight to the store: PUT part i (1-based, all
+    `part_size` bytes but the last) to `part_urls[i - 1]`, keep each answer's ETag header, then
+    `Storage.finish_upload` with the ETags in order."""
+
+    upload_id: str
+    part_size: int
+    part_urls: list[str]
+
+
 _KEY_PART = re.compile(r"^[^\x00-\x1f\\]+$")
 
 
@@ -318,6 +329,20 @@ class Storage(abc.ABC):
         """The object as a regular local file, where the backend keeps it so (served directly,
         with ranges); None otherwise or when absent."""
         return None
+
+    def start_upload(self, job_id: str, key: str, size: int, expires_s: int = 3600) -> DirectUpload:
+        """Begin a direct upload of `size` bytes as `key`; NotImplementedError where the backend
+        takes no direct uploads (local: files come through the API)."""
+        raise NotImplementedError("direct uploads need object storage (STORAGE_URL=s3://...)")
+
+    def finish_upload(self, job_id: str, key: str, upload_id: str, etags: list[str]) -> ObjectInfo:
+        """Assemble the uploaded parts into the object; ValueError when the parts do not match
+        what was uploaded (missing, wrong ETag, too small)."""
+        raise NotImplementedError("direct uploads need object storage (STORAGE_URL=s3://...)")
+
+    def abort_upload(self, job_id: str, key: str, upload_id: str) -> None:
+        """Drop a direct upload and the parts sent so far (no error if it is gone)."""
+        raise NotImplementedError("direct uploads need object storage (STORAGE_URL=s3://...)")
 
     def evict(self, job_id: str) -> None:
         """Drop the job's local working copy where it is only a cache (nothing is lost)."""
