@@ -73,6 +73,8 @@ def content_disposition(filename: str) -> str:
 class S3Storage(Storage):
     """Job files as objects in a bucket; work_dir is a local scratch copy."""
 
+    direct_uploads = True
+
     def __init__(
         self,
         data_dir: Path,
@@ -185,6 +187,13 @@ class S3Storage(Storage):
 
     def delete_job(self, job_id: str) -> None:
         base = self._job_prefix(job_id)
+        # Parts of unfinished direct uploads are no objects, yet they are stored (and billed).
+        pages = self.client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.bucket, Prefix=base
+        )
+        for page in pages:
+            for up in page.get("Uploads", ()):
+                self.abort_upload(job_id, up["Key"][len(base) :], up["UploadId"])
         names = [base + o["Key"] for o in self._objects(job_id)]
         for i in range(0, len(names), DELETE_BATCH):
             batch = [{"Key": n} for n in names[i : i + DELETE_BATCH]]
@@ -227,6 +236,24 @@ class S3Storage(Storage):
             for i in range(1, -(-size // part_size) + 1)
         ]
         return DirectUpload(upload_id, part_size, urls)
+
+    def upload_parts(self, job_id: str, key: str, upload_id: str) -> list[str]:
+        found = {}
+        pages = self.client.get_paginator("list_parts").paginate(
+            Bucket=self.bucket, Key=self._name(job_id, key), UploadId=upload_id
+        )
+        try:
+            for page in pages:
+                for part in page.get("Parts", ()):
+                    found[int(part["PartNumber"])] = part["ETag"]
+        except ClientError as exc:
+            if str(exc.response.get("Error", {}).get("Code")) == "NoSuchUpload":
+                raise FileNotFoundError(f"{key}: no such upload") from None
+            raise
+        etags = []
+        while len(etags) + 1 in found:
+            etags.append(found[len(etags) + 1])
+        return etags
 
     def finish_upload(self, job_id: str, key: str, upload_id: str, etags: list[str]) -> ObjectInfo:
         name = self._name(job_id, key)

@@ -217,6 +217,9 @@ class Storage(abc.ABC):
     and pull/push cost nothing; `S3Storage` (core/s3_storage.py) keeps them in a bucket and
     work_dir is a local scratch copy."""
 
+    # Whether clients can upload straight to the store (start_upload and the rest).
+    direct_uploads = False
+
     def __init__(self, data_dir: Path):
         self.data_dir = Path(data_dir).resolve()
         self.jobs_dir = self.data_dir / "jobs"
@@ -333,6 +336,11 @@ class Storage(abc.ABC):
     def start_upload(self, job_id: str, key: str, size: int, expires_s: int = 3600) -> DirectUpload:
         """Begin a direct upload of `size` bytes as `key`; NotImplementedError where the backend
         takes no direct uploads (local: files come through the API)."""
+        raise NotImplementedError("direct uploads need object storage (STORAGE_URL=s3://...)")
+
+    def upload_parts(self, job_id: str, key: str, upload_id: str) -> list[str]:
+        """ETags of the parts of a direct upload received so far, by part number (a gap ends
+        the list); FileNotFoundError when there is no such upload."""
         raise NotImplementedError("direct uploads need object storage (STORAGE_URL=s3://...)")
 
     def finish_upload(self, job_id: str, key: str, upload_id: str, etags: list[str]) -> ObjectInfo:

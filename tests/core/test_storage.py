@@ -221,6 +221,7 @@ def test_direct_upload_in_parts_straight_to_the_store(storage, monkeypatch):
         assert r.status_code == 200, r.text  # no credentials: the signature is the permission
         etags.append(r.headers["etag"])
     assert not storage.exists(job, "upload/scan.zip")  # nothing visible before it is finished
+    assert storage.upload_parts(job, "upload/scan.zip", up.upload_id) == etags
     with pytest.raises(ValueError):
         storage.finish_upload(job, "upload/scan.zip", up.upload_id, etags[::-1])
     info = storage.finish_upload(job, "upload/scan.zip", up.upload_id, etags)
@@ -233,3 +234,17 @@ def test_direct_upload_in_parts_straight_to_the_store(storage, monkeypatch):
     # S3 answers 404 NoSuchUpload; moto a 500: either way the part is refused.
     assert httpx.put(dropped.part_urls[0], content=b"0123456789").status_code >= 400
     assert not storage.exists(job, "upload/other.zip")
+
+
+def test_deleting_a_job_aborts_its_unfinished_uploads(s3_bucket, tmp_path):
+    storage = get_storage(s3_bucket.settings(tmp_path))
+    job = new_job(storage)
+    up = storage.start_upload(job, "upload/scan.zip", 10)
+    assert httpx.put(up.part_urls[0], content=b"0123456789").status_code == 200
+    open_uploads = s3_bucket.client.list_multipart_uploads(Bucket=s3_bucket.bucket)
+    assert len(open_uploads.get("Uploads", [])) == 1
+    storage.delete_job(job)
+    open_uploads = s3_bucket.client.list_multipart_uploads(Bucket=s3_bucket.bucket)
+    assert open_uploads.get("Uploads", []) == []
+    with pytest.raises(FileNotFoundError):
+        storage.upload_parts(job, "upload/scan.zip", up.upload_id)
