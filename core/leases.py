@@ -88,13 +88,13 @@ def holder_gone(holder: str) -> bool:
     return machine == _machine() and pid_n != os.getpid() and not _alive(pid_n)
 
 
-def free(lease: Lease | None, now: datetime | None = None) -> bool:
-    """Nobody holds it, its expiry has passed, or its holder died on this machine."""
+def free(lease: Lease | None, now: datetime | None = None, *, local: bool = True) -> bool:
+    """Nobody holds it, its expiry has passed, or (`local`) its holder died on this machine."""
     if lease is None or lease.holder is None:
         return True
     if lease.expires_at is None or lease.expires_at <= (now or utcnow()):
         return True
-    return holder_gone(lease.holder)
+    return local and holder_gone(lease.holder)
 
 
 # -- claims -----------------------------------------------------------------------------------

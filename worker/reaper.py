@@ -8,7 +8,9 @@ instead of taking the next worker down too.
 
 Leases: while a job trains (or runs its SfM stage), an export runs or a render job renders,
 its worker renews the lease's expiry every LEASE_TTL_S / 4. Work marked running whose lease ran
-out has nobody working on it.
+out has nobody working on it. Rounds judge by the expiry alone; a redelivered message, and a
+worker starting on the host where its predecessor died, also take leases whose holder is a dead
+process of their host at once.
 
 Reaper: a timer in each train worker; one of them, on any host, runs each round (it holds the
 `reaper` lease for REAPER_INTERVAL_S). A round sends again: running work whose lease ran out,
@@ -160,7 +162,7 @@ def stranded_jobs(settings, in_broker: set[str] | None) -> list[Resend]:
                 # claimed: lost only if the broker lost its message too.
                 if job.updated_at > grace or in_broker is None or job.id in in_broker:
                     continue
-            elif not leases.free(lease, now):
+            elif not leases.free(lease, now, local=False):
                 continue
             if _recently_resent(lease, now, ttl):
                 continue
@@ -178,7 +180,7 @@ def stranded_jobs(settings, in_broker: set[str] | None) -> list[Resend]:
             )
         ).all()
         for job, lease in queued:
-            if job.id in in_broker or not leases.free(lease, now):
+            if job.id in in_broker or not leases.free(lease, now, local=False):
                 continue
             if _recently_resent(lease, now, ttl):
                 continue
@@ -216,7 +218,7 @@ def stranded_exports(settings, in_broker: set[str] | None) -> list[Resend]:
         for row in rows:
             subject = lease_subject(row.job_id, row.id)
             lease = s.get(Lease, (EXPORT, subject))
-            if not leases.free(lease, now) or _recently_resent(lease, now, ttl):
+            if not leases.free(lease, now, local=False) or _recently_resent(lease, now, ttl):
                 continue
             task = ExportTask(job_id=row.job_id, export_id=row.id)
             if row.status == "running":
@@ -267,7 +269,7 @@ def stranded_renders(settings, in_broker: set[str] | None) -> list[Resend]:
                 )
                 continue
             lease = s.get(Lease, (RENDER, row.id))
-            if not leases.free(lease, now) or _recently_resent(lease, now, ttl):
+            if not leases.free(lease, now, local=False) or _recently_resent(lease, now, ttl):
                 continue
             if row.request is None:
                 row.status, row.updated_at = "failed", now
@@ -367,11 +369,13 @@ def remove_stale_uploads(store: JobStore, stale_s: float) -> list[str]:
 def stranded(settings) -> list[Resend]:
     """Everything a round would send again (and marks it re-sent)."""
     in_broker = broker_task_ids(settings)
-    return [
+    found = [
         *stranded_jobs(settings, in_broker),
         *stranded_exports(settings, in_broker),
         *stranded_renders(settings, in_broker),
     ]
+    # Work that never started goes first: what resumes has checkpoints and has had its turn.
+    return sorted(found, key=lambda r: r.why != "lost message")
 
 
 def reap(app, store: JobStore, settings) -> list[Resend]:

@@ -184,7 +184,7 @@ def _send(task: TrainTask | PreprocessTask, queue: str) -> None:
 @app.task(name=PreprocessTask.name, ignore_result=True, acks_late=True)
 def preprocess(job_id: str) -> None:
     """Structure from motion on an upload without poses, then the job goes to the train queue.
-    Holds the train lock, so a job is never preprocessed and trained at once."""
+    Holds the train lease, so a job is never preprocessed and trained at once."""
     job_id = PreprocessTask(job_id=job_id).job_id
     settings = get_settings()
     store = _store()

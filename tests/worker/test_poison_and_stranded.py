@@ -90,11 +90,13 @@ def test_stranded_jobs_are_sent_again_with_workers_up(stack_factory):
         os.utime(p, (past, past))
 
     t0 = time.monotonic()
+    # The idle folder goes at the next round; the fresh one (idle less than STALE_UPLOAD_S) stays.
+    _wait(lambda: not old.exists(), 30, "the abandoned upload folder removed", stack)
+    assert fresh.exists()
     assert stack.wait_status(lost, "succeeded", "failed", timeout=60)["status"] == "succeeded"
     _wait(lambda: _starts(stack, victim) >= 2, 60, "the dead worker's job restarting", stack)
     took = time.monotonic() - t0
     assert took < 60
     assert alive.poll() is None
-    assert not old.exists() and fresh.exists()
     stack.client.post(f"/v1/jobs/{victim}/cancel")
     stack.wait_status(victim, "cancelled", timeout=60)

@@ -72,8 +72,9 @@ def _queue_old_form(stack, job_id: str, request: dict) -> str:
 
     paths = LocalStorage(stack.data_dir).paths(job_id)
     render_id = path_jobs.new_id()
-    path_jobs.create(paths, render_id, job_id, "webp", 2)
-    client = make_client(Settings(data_dir=stack.data_dir, redis_url=None))
+    settings = Settings(data_dir=stack.data_dir, redis_url=None, database_url=stack.database_url)
+    path_jobs.create(paths, render_id, job_id, "webp", 2, settings=settings)
+    client = make_client(settings)
     client.send_task(
         "nf.render_path_job", args=[job_id, render_id, request], queue="render", ignore_result=True
     )
