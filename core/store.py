@@ -33,6 +33,7 @@ from core.db import migrate
 from core.db.engine import database_url, engine_for_url, session
 from core.db.jobs import RESERVED, JobEventRow, JobRow
 from core.db.notify import CHANNEL
+from core.storage import parse_job_id
 
 log = logging.getLogger(__name__)
 # Called with the job after each status event is logged, once its transaction has committed:
@@ -79,10 +80,10 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         stamp, job_id = json.loads(raw)
         at = datetime.fromisoformat(stamp)
-        if at.tzinfo is None or not isinstance(job_id, str):
+        if at.tzinfo is None:
             raise ValueError
-        return at.astimezone(UTC), job_id
-    except (ValueError, TypeError):
+        return at.astimezone(UTC), parse_job_id(job_id)
+    except (ValueError, TypeError, OverflowError):
         raise BadCursor(f"not a cursor of this listing: {cursor[:40]!r}") from None
 
 

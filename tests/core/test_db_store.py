@@ -5,6 +5,8 @@ job once while jobs are added, owner/cancel columns, and PostgreSQL's NOTIFY wak
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import multiprocessing
 import threading
 import uuid
@@ -100,8 +102,15 @@ def test_keyset_pages_hold_every_job_once_while_jobs_are_added(store):
     first, total = store.list(limit=3, offset=2, owner="h-b")
     assert total == 3 and len(first) == 1
     assert store.list(status=JobStatus.running, owner="h-a") == ([], 0)
-    with pytest.raises(BadCursor):
-        store.list(cursor="not-a-cursor")
+    # What a client may send instead: never a query (a NUL would even fail PostgreSQL's).
+    forged = [["2026-01-01T00:00:00+00:00", "a\x00b"], ["0001-01-01T00:00:00+01:00", made[0]], {}]
+    for cursor in ["not-a-cursor", "", *(_b64(json.dumps(f)) for f in forged)]:
+        with pytest.raises(BadCursor):
+            store.list(cursor=cursor)
+
+
+def _b64(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode()
 
 
 def test_reserved_row_owner_cancel_and_delete(store):
