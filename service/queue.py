@@ -209,7 +209,7 @@ class TaskQueue:
     def revoke(self, job_id: str) -> None:
         try:
             self.client.control.revoke(job_id)
-        except Exception:  # best effort: the worker also re-checks job.json before training
+        except Exception:  # best effort: the worker also re-checks the job's status before training
             pass
 
     def send_render(self, job_id: str, request: RenderRequest | PathRequest):

@@ -1,4 +1,4 @@
-"""Training progress: throttled writes into job.json and events.jsonl (the SSE stream's source)."""
+"""Training progress: throttled writes of the job's progress and its events (the SSE stream's source)."""
 
 from __future__ import annotations
 
