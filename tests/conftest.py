@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.databases import KINDS, database, postgres_database
 from tests.support.s3 import s3_bucket, s3_server  # noqa: F401  (fixtures)
 from tests.support.stack import png_bytes, stack_maker
 
@@ -25,3 +26,18 @@ def fs_stack(tmp_path_factory):
 @pytest.fixture
 def photo_png() -> bytes:
     return png_bytes()
+
+
+@pytest.fixture(params=KINDS)
+def db_url(request, tmp_path):
+    """A migrated database's SQLAlchemy URL, once per kind: an SQLite file under tmp_path, then a
+    PostgreSQL database made for the test and dropped after it."""
+    with database(request.param, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def pg_url():
+    """An empty (unmigrated) PostgreSQL database made for the test and dropped after it."""
+    with postgres_database() as url:
+        yield url

@@ -20,18 +20,17 @@ from core.db.jobs import JobRow
 from core.db.notify import make_waker
 from core.storage import LocalStorage
 from core.store import BadCursor, JobNotFound, JobStore, encode_cursor
-from tests.support.databases import KINDS, database
+from tests.support.databases import KINDS
 
 WORKERS = 4
 ROUNDS = 15
 
 
-@pytest.fixture(params=KINDS)
-def store(request, tmp_path):
-    with database(request.param, tmp_path) as url:
-        storage = LocalStorage(tmp_path / "data")
-        storage.ensure()
-        yield JobStore(storage, url=url)
+@pytest.fixture
+def store(db_url, tmp_path):
+    storage = LocalStorage(tmp_path / "data")
+    storage.ensure()
+    return JobStore(storage, url=db_url)
 
 
 def _new(store: JobStore, owner: str = "h-a") -> str:
