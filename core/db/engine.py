@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-_WRITE_LOCK = "nf_sqlite_write_lock"
+WRITE_LOCK = "nf_sqlite_write_lock"
 
 _engines: dict[tuple[str, int], Engine] = {}
 _lock = threading.Lock()
@@ -48,7 +48,7 @@ def _sqlite_setup(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn) -> None:
-        immediate = conn.get_execution_options().get(_WRITE_LOCK)
+        immediate = conn.get_execution_options().get(WRITE_LOCK)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
@@ -100,7 +100,7 @@ def session(
     engine = engine or engine_for(settings)
     with Session(engine, expire_on_commit=False) as s, s.begin():
         if write and engine.dialect.name == "sqlite":
-            s.connection(execution_options={_WRITE_LOCK: True})
+            s.connection(execution_options={WRITE_LOCK: True})
         yield s
 
 

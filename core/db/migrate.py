@@ -3,7 +3,7 @@
 Called at start-up by the API and the workers, and by `nf db upgrade` / `python -m core.db
 upgrade`. Several processes may start at once: on PostgreSQL the upgrade runs under a
 session-level advisory lock, so one migrates while the others wait and then find nothing to do;
-on SQLite the first DDL statement takes the database's write lock, and a second process retries.
+on SQLite the upgrade holds the database's write lock from its BEGIN, so the others wait.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from alembic.config import Config
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import OperationalError
 
-from core.db.engine import database_url, engine_for_url
+from core.db.engine import WRITE_LOCK, database_url, engine_for_url
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +53,16 @@ def upgrade_url(url: str, revision: str = "head") -> None:
         return
     for attempt in range(5):
         try:
-            with engine.begin() as conn:
-                command.upgrade(alembic_config(conn), revision)
+            # BEGIN IMMEDIATE: the write lock from the start, so a second process waits for the
+            # first one's migration (busy timeout) and then finds nothing to do.
+            with engine.connect() as conn:
+                conn.execution_options(**{WRITE_LOCK: True})
+                with conn.begin():
+                    command.upgrade(alembic_config(conn), revision)
             return
         except OperationalError as exc:
-            # Two processes creating the same tables at once: the loser sees "already exists" or
-            # "database is locked"; on retry it finds the work done.
+            # Still possible: "database is locked" past the busy timeout; on retry the work is
+            # usually done.
             if attempt == 4:
                 raise
             log.info("migration raced another process (%s); retrying", exc.orig)
