@@ -13,6 +13,7 @@ import os
 import signal
 import time
 
+import httpx
 import pytest
 from PIL import Image
 
@@ -126,3 +127,21 @@ def test_train_checkpoint_kill_resume_and_render_through_s3(
         == Image.open(io.BytesIO(reconstruction)).tobytes()
     )
     assert not [k for k in _job_keys(s3_bucket, job_id) if k.startswith("renders/results/")]
+
+    # a frame as a render job: its file stored in the bucket, downloaded through a presigned URL
+    r = stack.client.post(
+        f"/v1/jobs/{job_id}/render", json={"width": w, "height": h, "mode": "job"}
+    )
+    assert r.status_code == 202, r.text
+    url, deadline = r.json()["url"], time.monotonic() + 60
+    while (state := stack.client.get(url).json())["status"] not in ("succeeded", "failed"):
+        assert time.monotonic() < deadline, (state, stack.logs())
+        time.sleep(0.1)
+    assert state["status"] == "succeeded", state
+    assert f"artifacts/{state['artifact']}" in _job_keys(s3_bucket, job_id)
+    r = stack.client.get(f"/v1/jobs/{job_id}/artifacts/{state['artifact']}")
+    assert r.status_code == 302, r.text
+    frame = httpx.get(r.headers["location"]).content
+    assert (
+        Image.open(io.BytesIO(frame)).tobytes() == Image.open(io.BytesIO(reconstruction)).tobytes()
+    )
