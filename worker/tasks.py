@@ -465,7 +465,14 @@ def _checkpoint(job_id: str, paths, storage: Storage) -> Checkpoint:
 # Render results go to storage under this prefix of the job; the API reads one back, serves it and
 # deletes it (service/queue.py deletes those whose caller gave up, and job deletion the rest).
 RESULTS_PREFIX = "renders/results/"
-EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/webp": "webp", "video/mp4": "mp4"}
+EXTENSIONS = {
+    "image/png": "png",
+    "image/jpeg": "jpg",
+    "image/webp": "webp",
+    "image/gif": "gif",
+    "video/mp4": "mp4",
+    "application/zip": "zip",
+}
 
 
 def _render(
