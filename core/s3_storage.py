@@ -264,7 +264,9 @@ class S3Storage(Storage):
             )
         except ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code"))
-            if code in {"InvalidPart", "InvalidPartOrder", "EntityTooSmall", "NoSuchUpload"}:
+            if code == "NoSuchUpload":
+                raise FileNotFoundError(f"{key}: no such upload") from None
+            if code in {"InvalidPart", "InvalidPartOrder", "EntityTooSmall"}:
                 raise ValueError(f"the upload's parts do not add up ({code})") from None
             raise
         head = self.client.head_object(Bucket=self.bucket, Key=name)

@@ -345,7 +345,8 @@ class Storage(abc.ABC):
 
     def finish_upload(self, job_id: str, key: str, upload_id: str, etags: list[str]) -> ObjectInfo:
         """Assemble the uploaded parts into the object; ValueError when the parts do not match
-        what was uploaded (missing, wrong ETag, too small)."""
+        what was uploaded (missing, wrong ETag, too small), FileNotFoundError when there is no
+        such upload (finished or aborted)."""
         raise NotImplementedError("direct uploads need object storage (STORAGE_URL=s3://...)")
 
     def abort_upload(self, job_id: str, key: str, upload_id: str) -> None:

@@ -13,8 +13,9 @@ import struct
 import httpx
 import pytest
 
-from tests.support.stack import png_bytes
+from tests.support.stack import TEST_KEY, auth_headers, png_bytes
 
+BOB = "bob-key-0123456789"
 TENSOR = b"\x00\x00\x80\x3f\x00\x00\x00\x40"  # two float32: 1.0, 2.0
 
 
@@ -158,3 +159,66 @@ def test_a_trained_job_on_s3_serves_its_render_from_the_bucket(stack_factory, s3
     assert got.status_code == 200 and len(got.content) == items[0]["size"]
     r = stack.client.get(f"/v1/jobs/{job_id}/checkpoint")
     assert r.status_code == 200 and int(r.headers["x-checkpoint-step"]) > 0
+
+
+def _start(stack, size: int, **extra):
+    body = {"kind": "image", "filename": "photo.png", "size": size, "config": {"steps": 20}}
+    return stack.client.post("/v1/uploads", json={**body, **extra})
+
+
+def test_direct_upload_straight_to_the_bucket_becomes_a_job(stack_factory, s3_bucket):
+    keys = f"{TEST_KEY},bob:{BOB}"
+    stack = stack_factory(
+        queues=None, env={**s3_bucket.env, "MAX_UPLOAD_MB": "1", "API_KEYS": keys}
+    )
+    photo = png_bytes(32, 32)
+    assert _start(stack, 2 << 20).status_code == 413  # over MAX_UPLOAD_MB
+    assert _start(stack, 10, kind="nope").status_code == 422
+    r = _start(stack, len(photo))
+    assert r.status_code == 201, r.text
+    up = r.json()
+    job_id = up["id"]
+    assert len(up["part_urls"]) == 1 and up["complete_url"] == f"/v1/uploads/{job_id}/complete"
+    assert stack.client.get(f"/v1/jobs/{job_id}").status_code == 404  # not a job yet
+
+    r = stack.client.post(up["complete_url"])
+    assert r.status_code == 409 and "0 of 1 parts" in r.text
+    put = httpx.put(up["part_urls"][0], content=photo)  # straight to the bucket, no API key
+    assert put.status_code == 200
+    r = stack.client.post(up["complete_url"])
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["id"] == job_id and job["status"] == "queued"
+    assert job["dataset"]["width"] == 32 and job["dataset"]["filename"] == "photo.png"
+    keys = [k for k in s3_bucket.keys() if f"/jobs/{job_id}/" in k]
+    assert keys == [f"nf/jobs/{job_id}/dataset/image.png"]  # the raw upload is not kept
+    assert stack.client.post(up["complete_url"]).status_code == 404  # done once
+    assert stack.client.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
+
+    # A file the intake refuses: the job never exists and its objects go.
+    bad = _start(stack, 100).json()
+    assert httpx.put(bad["part_urls"][0], content=b"x" * 100).status_code == 200
+    r = stack.client.post(bad["complete_url"])
+    assert r.status_code in (415, 422), r.text
+    assert not [k for k in s3_bucket.keys() if f"/jobs/{bad['id']}/" in k]
+
+    # Cancelled: its parts are dropped and the reservation is freed.
+    dropped = _start(stack, len(photo)).json()
+    assert httpx.put(dropped["part_urls"][0], content=photo).status_code == 200
+    assert stack.client.delete(f"/v1/uploads/{dropped['id']}").status_code == 204
+    assert stack.client.post(dropped["complete_url"]).status_code == 404
+    assert not s3_bucket.client.list_multipart_uploads(Bucket=s3_bucket.bucket).get("Uploads")
+
+    # Another key cannot complete or cancel it.
+    other = _start(stack, len(photo)).json()
+    bob = httpx.Client(base_url=stack.base_url, headers=auth_headers(BOB))
+    assert bob.post(other["complete_url"]).status_code == 404
+    assert bob.delete(f"/v1/uploads/{other['id']}").status_code == 404
+    assert stack.client.delete(f"/v1/uploads/{other['id']}").status_code == 204
+
+
+def test_direct_uploads_need_object_storage(stack_factory):
+    stack = stack_factory(queues=None)
+    r = _start(stack, 100)
+    assert r.status_code == 409 and "POST /v1/jobs" in r.text
+    assert stack.client.get("/v1/jobs").json()["total"] == 0
