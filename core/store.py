@@ -140,10 +140,13 @@ class JobStore:
             with session(engine=self.engine, write=write) as s:
                 yield s
         except OperationalError as exc:
-            # SQLite on a full disk: an OSError like any other file write, which callers already
-            # handle (worker/tasks.py retries recording a failure until space is back).
+            # SQLite on a full or failing disk: an OSError like any other file write, which
+            # callers already handle (worker/tasks.py retries recording a failure until space is
+            # back).
             if "disk is full" in str(exc.orig):
                 raise OSError(errno.ENOSPC, f"No space left on device ({exc.orig})") from exc
+            if "disk I/O error" in str(exc.orig):
+                raise OSError(errno.EIO, f"Input/output error ({exc.orig})") from exc
             raise
 
     # -- reads -------------------------------------------------------------------------

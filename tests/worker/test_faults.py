@@ -171,11 +171,17 @@ def test_redis_restart_loses_no_queued_job(stack_factory, tmp_path):
         redis_server.kill()
 
 
-def test_storage_that_stops_taking_writes_fails_the_job_readably(stack_factory):
+def test_storage_that_stops_taking_writes_fails_the_job_readably(stack_factory, pg_url):
     """RLIMIT_FSIZE on the training process: every write past 100 kB fails with EFBIG, as on a
-    full disk. Checkpoints (~0.6 MB) cannot be written; job.json and events (small) still can."""
+    full disk. Checkpoints (~0.6 MB) cannot be written; the job's state, in a PostgreSQL server
+    (an SQLite file would be the process's own write, past the limit too), still can."""
     stack = stack_factory(
-        queues=None, env={"CHECKPOINT_INTERVAL_S": "0.5", "PROGRESS_INTERVAL_S": "0.5"}
+        queues=None,
+        env={
+            "CHECKPOINT_INTERVAL_S": "0.5",
+            "PROGRESS_INTERVAL_S": "0.5",
+            "DATABASE_URL": pg_url,
+        },
     )
     job_id = stack.submit(png_bytes(24, 16), config={"steps": 200000, "resolution": 16}).json()[
         "id"
