@@ -1,9 +1,10 @@
 """Sends the logged webhook deliveries (core/webhooks.py): a thread in each train worker's main
 process, never in a pool process, so a slow receiver holds up no training and no request.
 
-Each round lists `DATA_DIR/webhooks/pending/` and hands every marked job to a small thread pool.
-A job's deliveries go out one at a time, in event order, under an flock (several workers may
-run senders; one of them sends a given job). A failed attempt is retried after
+Each round asks the delivery log (core/webhooks.py) which jobs have a pending delivery that is
+due, and hands each to a small thread pool. A job's deliveries go out one at a time, in event
+order, under the job's `webhook` lease (core/leases.py: senders on any number of hosts; one of
+them sends a given job). A failed attempt is retried after
 WEBHOOK_RETRY_BASE_S * 2^(n-1) seconds, up to WEBHOOK_MAX_ATTEMPTS, and later events of that job
 wait behind it, so a receiver never sees `succeeded` before `running`. The URL is resolved and
 checked again before each attempt, and the request goes to the address that was checked (a DNS
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,15 +22,17 @@ from datetime import UTC, datetime, timedelta
 import httpx
 
 from api_schemas.webhooks import DeliveryStatus, WebhookAttempt, WebhookDelivery
-from core import metrics, webhooks
+from core import leases, metrics, webhooks
+from core.db.engine import session
 from core.settings import Settings
-from core.storage import LocalStorage, flock, parse_job_id
 
 log = logging.getLogger(__name__)
 POLL_S = 0.25
 SENDERS = 4  # jobs delivered at once per worker
 MAX_RETRY_DELAY_S = 3600.0
 USER_AGENT = "nf-webhooks/1"
+WEBHOOK = "webhook"  # the lease kind a job's sender holds
+LEASE_TTL_S = 60.0
 
 
 def retry_delay(settings: Settings, attempts: int) -> float:
@@ -95,31 +97,19 @@ async def _post(
     return await asyncio.wait_for(post(), limit_s)
 
 
-def send_job(storage: LocalStorage, job_id: str, settings: Settings) -> float | None:
+def send_job(storage, job_id: str, settings: Settings) -> float | None:
     """Deliver what is due for one job, in order; stop at the first delivery that must wait.
     Returns the seconds until that one is due (None: nothing left to wait for here)."""
-    paths = storage.paths(job_id)
-    marker = webhooks.pending_dir(storage) / job_id
-    folder = webhooks.webhooks_dir(paths)
-    if not folder.is_dir():
-        marker.unlink(missing_ok=True)  # the job was deleted
-        return
-    with flock(folder / ".send.lock", blocking=False) as mine:
-        if not mine:
-            return
-        # Unmarked first: an event logged from here on marks the job again.
-        marker.unlink(missing_ok=True)
-        kid = webhooks.owner_key(paths)
-        for path in webhooks.record_files(paths):
-            try:
-                delivery = webhooks.read_record(path)
-            except (FileNotFoundError, ValueError):
-                continue
+    db = webhooks.db_settings(storage, settings)
+    with leases.held(db, WEBHOOK, job_id, LEASE_TTL_S, job_id=job_id, count=False) as mine:
+        if mine is None:
+            return None
+        kid = webhooks.owner_key(storage, job_id)
+        for delivery in webhooks.deliveries(job_id, storage):
             if delivery.status != DeliveryStatus.pending:
                 continue
             now = datetime.now(UTC)
             if delivery.next_attempt_at is not None and delivery.next_attempt_at > now:
-                webhooks.mark_pending(storage, job_id)
                 return (delivery.next_attempt_at - now).total_seconds()
             secret = webhooks.key_settings(storage, kid)["secret"] if kid else None
             result = attempt(delivery, secret, settings)
@@ -141,57 +131,38 @@ def send_job(storage: LocalStorage, job_id: str, settings: Settings) -> float | 
                 delivery.next_attempt_at = datetime.now(UTC) + timedelta(
                     seconds=retry_delay(settings, n)
                 )
-            webhooks.write_record(path, delivery)
+            with session(db, write=True) as s:
+                webhooks.save_delivery(s, job_id, delivery)
             if delivery.status == DeliveryStatus.pending:
-                webhooks.mark_pending(storage, job_id)
                 return retry_delay(settings, n)
     return None
 
 
 class Sender:
-    def __init__(self, storage: LocalStorage, settings: Settings):
+    def __init__(self, storage, settings: Settings):
         self.storage, self.settings = storage, settings
+        self.db = webhooks.db_settings(storage, settings)
         self.pool = ThreadPoolExecutor(SENDERS, thread_name_prefix="nf-webhook")
         self.busy: set[str] = set()
-        # job -> monotonic time its next delivery is due: a job waiting out a backoff is not
-        # read again every round (the records stay the truth; this only saves the reads).
-        self.not_before: dict[str, float] = {}
         self.lock = threading.Lock()
 
     def _run(self, job_id: str) -> None:
-        wait = None
         try:
-            wait = send_job(self.storage, job_id, self.settings)
+            send_job(self.storage, job_id, self.settings)
         except Exception:
             log.exception("webhook delivery for job %s failed", job_id)
         finally:
             with self.lock:
                 self.busy.discard(job_id)
-                if wait:
-                    self.not_before[job_id] = time.monotonic() + wait
-                else:
-                    self.not_before.pop(job_id, None)
 
     def round(self) -> None:
-        folder = webhooks.pending_dir(self.storage)
-        try:
-            names = os.listdir(folder)
-        except FileNotFoundError:
-            return
-        now = time.monotonic()
-        for name in names:
-            try:
-                job_id = parse_job_id(name)
-            except ValueError:
-                continue
+        # Only due deliveries are asked for: a job waiting out a backoff is not read again.
+        for job_id in webhooks.due_jobs(self.db):
             with self.lock:
-                if job_id in self.busy or self.not_before.get(job_id, 0.0) > now:
+                if job_id in self.busy:
                     continue
                 self.busy.add(job_id)
             self.pool.submit(self._run, job_id)
-        with self.lock:  # jobs another worker finished, or that were deleted
-            for job_id in set(self.not_before) - set(names):
-                self.not_before.pop(job_id, None)
 
     def loop(self) -> None:
         while True:
@@ -202,7 +173,7 @@ class Sender:
             time.sleep(POLL_S)
 
 
-def start_sender(storage: LocalStorage, settings: Settings) -> threading.Thread:
+def start_sender(storage, settings: Settings) -> threading.Thread:
     thread = threading.Thread(
         target=Sender(storage, settings).loop, name="nf-webhook-sender", daemon=True
     )

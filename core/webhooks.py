@@ -1,13 +1,12 @@
 """Webhooks: callback URLs, signing secrets and the delivery log (docs/webhooks.md).
 
 Status changes (JobStore listeners, in whichever process writes them) and finished exports
-(the worker) are recorded as deliveries in `<job>/webhooks/<n>.json`, numbered in event order,
-and the job is marked in `DATA_DIR/webhooks/pending/`; the train workers' sender
-(core/webhook_sender.py) POSTs them. Recording is a small file write, so neither the API nor
-a training ever waits on a receiver.
+(the worker) are recorded as rows of `webhook_deliveries` (core/db/webhooks.py), numbered per
+job in event order; the train workers' sender (core/webhook_sender.py) POSTs the pending ones.
+Recording is one small insert, so neither the API nor a training ever waits on a receiver.
 
-A job's callback URL (`<job>/webhook.json`, from the submission's `callback_url`) wins over its
-key's (`DATA_DIR/keys/<key id>/webhook.json`, which also holds the key's signing secret).
+A job's callback URL (`webhook_jobs`, from the submission's `callback_url`) wins over its key's
+(`webhook_keys`, which also holds the key's signing secret); the job's key is its owner.
 """
 
 from __future__ import annotations
@@ -15,16 +14,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import json
 import re
 import secrets
 import socket
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 
 from api_schemas.jobs import Job
 from api_schemas.webhooks import (
@@ -33,16 +32,17 @@ from api_schemas.webhooks import (
     WebhookEvent,
     WebhookEventType,
 )
+from core.db import migrate
+from core.db.engine import database_url, session
+from core.db.jobs import JobRow
+from core.db.webhooks import WebhookDeliveryRow, WebhookJob, WebhookKey
 from core.exports import ExportNotFound, ExportStore
-from core.storage import JobPaths, LocalStorage, atomic_write_json, flock
+from core.storage import JobPaths
 
 SIGNATURE_HEADER = "NF-Signature"
 EVENT_HEADER = "NF-Event-Id"
 MAX_URL_CHARS = 2048
-WEBHOOK_FILE = "webhook.json"
-OWNER_FILE = "owner"  # written by the API (service/auth.py): the owning key's id
 _KEY_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-_RECORD = re.compile(r"^(\d{6,})\.json$")
 
 
 class WebhookURLError(ValueError):
@@ -128,122 +128,178 @@ def check_url(url: str, allow_private: bool) -> tuple[httpx.URL, list[str]]:
     return u, ips
 
 
+# -- where the rows are ------------------------------------------------------------------------
+def db_settings(storage=None, settings=None):
+    """`settings`, else the process's, on the storage's DATA_DIR when no DATABASE_URL is set
+    (the database JobStore uses)."""
+    if settings is not None:
+        return settings
+    from core.settings import get_settings
+
+    settings = get_settings()
+    data_dir = getattr(storage, "data_dir", None)
+    if not settings.database_url and data_dir is not None:
+        settings = settings.model_copy(update={"data_dir": data_dir})
+        migrate.ensure(database_url(settings))
+    return settings
+
+
+def _job_id(paths: JobPaths | str) -> str:
+    return paths if isinstance(paths, str) else paths.root.name
+
+
 # -- per-key settings --------------------------------------------------------------------------
-def _key_file(storage: LocalStorage, key_id: str) -> Path:
+def key_settings(storage, key_id: str) -> dict[str, Any]:
+    """{"url": str | None, "secret": str | None} of one key."""
     if not _KEY_ID.match(key_id):
         raise ValueError("bad key id")
-    return storage.data_dir / "keys" / key_id / WEBHOOK_FILE
+    with session(db_settings(storage)) as s:
+        row = s.get(WebhookKey, key_id)
+        return {"url": row.url if row else None, "secret": row.secret if row else None}
 
 
-def key_settings(storage: LocalStorage, key_id: str) -> dict[str, Any]:
-    """{"url": str | None, "secret": str | None} of one key."""
-    try:
-        data = json.loads(_key_file(storage, key_id).read_text())
-    except (FileNotFoundError, ValueError):
-        data = {}
-    return {"url": data.get("url"), "secret": data.get("secret")}
+def save_key_settings(storage, key_id: str, url: str | None, secret: str | None) -> None:
+    if not _KEY_ID.match(key_id):
+        raise ValueError("bad key id")
+    with session(db_settings(storage), write=True) as s:
+        row = s.get(WebhookKey, key_id, with_for_update=True)
+        if row is None:
+            s.add(WebhookKey(owner=key_id, url=url, secret=secret))
+        else:
+            row.url, row.secret = url, secret
 
 
-def save_key_settings(storage: LocalStorage, key_id: str, url: str | None, secret: str | None):
-    # mkstemp's 0600 mode carries over the rename: only the service's user reads the secret.
-    atomic_write_json(_key_file(storage, key_id), {"url": url, "secret": secret})
+def owner_key(storage, job_id: str) -> str | None:
+    with session(db_settings(storage)) as s:
+        kid = s.scalar(select(JobRow.owner).where(JobRow.id == job_id))
+    return kid if kid and _KEY_ID.match(kid) else None
 
 
-def owner_key(paths: JobPaths) -> str | None:
-    try:
-        kid = (paths.root / OWNER_FILE).read_text().strip()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return kid if _KEY_ID.match(kid) else None
+def set_job_url(paths: JobPaths | str, url: str, storage) -> None:
+    """Keep a submission's callback URL with its job (`paths`: the job's folder or id)."""
+    job_id = _job_id(paths)
+    with session(db_settings(storage), write=True) as s:
+        row = s.get(WebhookJob, job_id, with_for_update=True)
+        if row is None:
+            s.add(WebhookJob(job_id=job_id, url=url))
+        else:
+            row.url = url
 
 
-def set_job_url(paths: JobPaths, url: str) -> None:
-    atomic_write_json(paths.root / WEBHOOK_FILE, {"url": url})
-
-
-def callback_url(storage: LocalStorage, paths: JobPaths) -> str | None:
-    try:
-        url = json.loads((paths.root / WEBHOOK_FILE).read_text()).get("url")
-    except (FileNotFoundError, NotADirectoryError, ValueError):
-        url = None
-    if url:
-        return url
-    kid = owner_key(paths)
-    return key_settings(storage, kid)["url"] if kid else None
+def callback_url(storage, job_id: str) -> str | None:
+    with session(db_settings(storage)) as s:
+        url = s.scalar(select(WebhookJob.url).where(WebhookJob.job_id == job_id))
+        if url:
+            return url
+        kid = s.scalar(select(JobRow.owner).where(JobRow.id == job_id))
+        if not kid:
+            return None
+        return s.scalar(select(WebhookKey.url).where(WebhookKey.owner == kid))
 
 
 # -- the delivery log ----------------------------------------------------------------------------
-def webhooks_dir(paths: JobPaths) -> Path:
-    return paths.root / "webhooks"
+def to_delivery(row: WebhookDeliveryRow) -> WebhookDelivery:
+    return WebhookDelivery(
+        id=f"{row.seq:06d}",
+        url=row.url,
+        event=WebhookEvent.model_validate(row.event),
+        status=row.status,
+        attempts=row.attempts or [],
+        next_attempt_at=row.next_attempt_at,
+    )
 
 
-def pending_dir(storage: LocalStorage) -> Path:
-    return storage.data_dir / "webhooks" / "pending"
+def save_delivery(s, job_id: str, delivery: WebhookDelivery) -> None:
+    """Write back a delivery's outcome (inside the caller's transaction)."""
+    row = s.get(WebhookDeliveryRow, (job_id, int(delivery.id)))
+    row.status = delivery.status.value
+    row.attempts = [a.model_dump(mode="json") for a in delivery.attempts]
+    row.next_attempt_at = delivery.next_attempt_at
 
 
-def mark_pending(storage: LocalStorage, job_id: str) -> None:
-    folder = pending_dir(storage)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / job_id).touch()
+def deliveries(paths: JobPaths | str, storage) -> list[WebhookDelivery]:
+    """The job's deliveries in event order (`paths`: the job's folder or id)."""
+    with session(db_settings(storage)) as s:
+        rows = s.scalars(
+            select(WebhookDeliveryRow)
+            .where(WebhookDeliveryRow.job_id == _job_id(paths))
+            .order_by(WebhookDeliveryRow.seq)
+        ).all()
+        return [to_delivery(r) for r in rows]
 
 
-def record_files(paths: JobPaths) -> list[Path]:
-    folder = webhooks_dir(paths)
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _RECORD.match(p.name))]
-    return [p for _, p in sorted(found)]
+def due_jobs(settings, now: datetime | None = None, limit: int = 1000) -> list[str]:
+    """Jobs with a pending delivery that is due (through the status index)."""
+    now = now or datetime.now(UTC)
+    with session(settings) as s:
+        return list(
+            s.scalars(
+                select(WebhookDeliveryRow.job_id)
+                .where(
+                    WebhookDeliveryRow.status == DeliveryStatus.pending.value,
+                    (WebhookDeliveryRow.next_attempt_at.is_(None))
+                    | (WebhookDeliveryRow.next_attempt_at <= now),
+                )
+                .distinct()
+                .limit(limit)
+            ).all()
+        )
 
 
-def read_record(path: Path) -> WebhookDelivery:
-    return WebhookDelivery.model_validate_json(path.read_bytes())
-
-
-def write_record(path: Path, delivery: WebhookDelivery) -> None:
-    atomic_write_json(path, delivery.model_dump(mode="json"))
-
-
-def deliveries(paths: JobPaths) -> list[WebhookDelivery]:
-    out = []
-    for p in record_files(paths):
-        try:
-            out.append(read_record(p))
-        except (FileNotFoundError, ValueError):
-            continue
-    return out
+def pending_jobs(storage=None, settings=None) -> int:
+    """Jobs with deliveries still to send (due or waiting out a backoff)."""
+    with session(db_settings(storage, settings)) as s:
+        return int(
+            s.scalar(
+                select(func.count(func.distinct(WebhookDeliveryRow.job_id))).where(
+                    WebhookDeliveryRow.status == DeliveryStatus.pending.value
+                )
+            )
+            or 0
+        )
 
 
 def record_event(
-    storage: LocalStorage, job_id: str, type_: WebhookEventType, data: dict[str, Any]
+    storage, job_id: str, type_: WebhookEventType, data: dict[str, Any]
 ) -> WebhookDelivery | None:
     """Log one event for delivery when the job has a callback URL (None otherwise)."""
-    paths = storage.paths(job_id)
-    if not paths.root.is_dir():
-        return None
-    url = callback_url(storage, paths)
+    url = callback_url(storage, job_id)
     if not url:
         return None
-    folder = webhooks_dir(paths)
-    folder.mkdir(exist_ok=True)
-    # Numbered under a lock: the number is the order receivers get the events in.
-    with flock(folder / ".lock"):
-        files = record_files(paths)
-        n = int(_RECORD.match(files[-1].name).group(1)) + 1 if files else 1
-        delivery = WebhookDelivery(
-            id=f"{n:06d}",
-            url=url,
-            event=WebhookEvent(
-                id=f"{job_id}.{n}",
-                type=type_,
-                created_at=datetime.now(UTC),
-                job_id=job_id,
-                data=data,
-            ),
-            status=DeliveryStatus.pending,
-        )
-        write_record(folder / f"{n:06d}.json", delivery)
-    mark_pending(storage, job_id)
-    return delivery
+    for attempt in range(10):
+        try:
+            with session(db_settings(storage), write=True) as s:
+                # Numbered in the transaction that inserts it: the number is the order
+                # receivers get the events in (a second writer at once retries on the key).
+                n = (
+                    s.scalar(
+                        select(func.max(WebhookDeliveryRow.seq)).where(
+                            WebhookDeliveryRow.job_id == job_id
+                        )
+                    )
+                    or 0
+                ) + 1
+                now = datetime.now(UTC)
+                event = WebhookEvent(
+                    id=f"{job_id}.{n}", type=type_, created_at=now, job_id=job_id, data=data
+                )
+                row = WebhookDeliveryRow(
+                    job_id=job_id,
+                    seq=n,
+                    url=url,
+                    event=event.model_dump(mode="json"),
+                    status=DeliveryStatus.pending.value,
+                    attempts=[],
+                    next_attempt_at=None,
+                    created_at=now,
+                )
+                s.add(row)
+                s.flush()
+                return to_delivery(row)
+        except IntegrityError:
+            if attempt == 9:
+                raise
+    return None
 
 
 def status_data(job: Job) -> dict[str, Any]:
@@ -256,7 +312,7 @@ def status_data(job: Job) -> dict[str, Any]:
     }
 
 
-def status_recorder(storage: LocalStorage):
+def status_recorder(storage):
     """A JobStore listener that logs every status change for delivery."""
 
     def on_status(job: Job) -> None:
@@ -265,7 +321,7 @@ def status_recorder(storage: LocalStorage):
     return on_status
 
 
-def record_export(storage: LocalStorage, job_id: str, export_id: str) -> None:
+def record_export(storage, job_id: str, export_id: str) -> None:
     """Log a finished export once (a redelivered export task finds it already logged)."""
     try:
         export = ExportStore(storage).get(job_id, export_id)
@@ -274,7 +330,7 @@ def record_export(storage: LocalStorage, job_id: str, export_id: str) -> None:
     if export.status.value not in ("succeeded", "failed"):
         return
     data = export.model_dump(mode="json")
-    for d in deliveries(storage.paths(job_id)):
+    for d in deliveries(job_id, storage):
         if d.event.type == WebhookEventType.export_finished and d.event.data == data:
             return
     record_event(storage, job_id, WebhookEventType.export_finished, data)

@@ -100,10 +100,7 @@ class StateCollector:
         return g
 
     def _webhooks(self) -> GaugeMetricFamily:
-        try:
-            n = len(os.listdir(webhooks.pending_dir(self.store.storage)))
-        except FileNotFoundError:
-            n = 0
+        n = webhooks.pending_jobs(self.store.storage)
         return GaugeMetricFamily(
             "nf_webhook_jobs_pending", "Jobs with webhook deliveries still to send", value=n
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import uuid
 from datetime import timedelta
 from typing import NamedTuple
 
@@ -156,7 +157,7 @@ class Quotas:
                     f"this API key's jobs store {used} bytes, the limit is {self.cap} "
                     f"(QUOTA_STORED_MB); delete finished jobs first",
                 )
-            job_id, paths = self.storage.new_job_dir()
+            job_id = str(uuid.uuid4())
             # The row as JobStore.reserve makes it, in this transaction: never visible
             # ownerless, and counted by the next admission of this key.
             s.add(
@@ -177,7 +178,12 @@ class Quotas:
             )
             s.add(Submission(owner=key.id, job_id=job_id, at=now))
             usage.put(s, job_id, 0)
-            return Admission(job_id, paths, self.cap - used)
+        # Made once the row is in: a folder never lacks its row (the reaper removes reserved
+        # rows whose upload was abandoned, with their files).
+        self.storage.ensure()
+        paths = self.storage.paths(job_id)
+        paths.root.mkdir()
+        return Admission(job_id, paths, self.cap - used)
 
     def charge(self, key: ApiKey, job_id: str, nbytes: int | None = None) -> int:
         """Record what the admitted job stores once its upload is in (measured when `nbytes` is

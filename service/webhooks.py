@@ -24,4 +24,4 @@ def admit_callback(
             "callback_url: this API key has no webhook signing secret yet; create it with "
             "POST /v1/webhook/secret (its answer is the only time the secret is shown)",
         )
-    webhooks.set_job_url(paths, url.strip())
+    webhooks.set_job_url(paths, url.strip(), storage)

@@ -17,7 +17,8 @@ Reaper: a timer in each train worker; one of them, on any host, runs each round 
 and queued work older than QUEUED_GRACE_S that the broker no longer holds (a Redis that lost its
 queue, an API that died between recording the work and sending its task) — to the queue it is
 waiting in (a scene job waiting for its SfM goes to `preprocess`, never to `train`). It fails
-render jobs running past MAX_RENDER_JOB_S, and removes upload folders a crashed API left behind.
+render jobs running past MAX_RENDER_JOB_S, and removes uploads a crashed API left behind (their
+reserved rows and files).
 Candidates come from the status indexes of the jobs, exports and renders tables (rows locked
 with `FOR UPDATE SKIP LOCKED` on PostgreSQL), so a round costs the same however many finished
 jobs there are. Sending work twice is harmless: its lease lets one delivery run it.
@@ -342,8 +343,9 @@ def _has_row(store: JobStore, job_id: str) -> bool:
 
 
 def remove_stale_uploads(store: JobStore, stale_s: float) -> list[str]:
-    """Local job folders of no job row at all (an upload that never finished: the API died
-    mid-way) untouched for stale_s."""
+    """Local job folders of no job row at all, untouched for stale_s: left by versions that made
+    the folder before the row. A walk of every folder, so run once at a worker's start, never
+    in the periodic rounds."""
     removed: list[str] = []
     jobs_dir = getattr(store.storage, "jobs_dir", None)
     if jobs_dir is None or not jobs_dir.is_dir():
@@ -354,7 +356,7 @@ def remove_stale_uploads(store: JobStore, stale_s: float) -> list[str]:
         if not entry.is_dir():
             continue
         try:
-            if now - _newest_mtime(root) < stale_s or _has_row(store, entry.name):
+            if _has_row(store, entry.name) or now - _newest_mtime(root) < stale_s:
                 continue
         except (FileNotFoundError, ValueError):
             continue
@@ -389,7 +391,6 @@ def reap(app, store: JobStore, settings) -> list[Resend]:
             ", ".join(f"{r.task.name}[{task_id_for(r.task)}] ({r.why})" for r in sent),
         )
     remove_stale_reservations(store, settings)
-    remove_stale_uploads(store, settings.stale_upload_s)
     return sent
 
 

@@ -52,7 +52,7 @@ from worker.jobs import (
 )
 from worker.memory import reuse_freed_memory
 from worker.progress import ProgressReporter
-from worker.reaper import orphans, start_reaper
+from worker.reaper import orphans, remove_stale_uploads, start_reaper
 from worker.scratch import is_local, job_work_dir
 from worker.sfm import stage as sfm_stage
 
@@ -404,6 +404,10 @@ def requeue_orphans() -> list[str]:
     broker loses a taken one; Redis would hold it back for the visibility timeout). Sending one
     twice is harmless: the train lease lets only one delivery train."""
     found = orphans(get_settings())
+    try:
+        remove_stale_uploads(_store(), get_settings().stale_upload_s)
+    except Exception:
+        log.warning("could not look for abandoned upload folders", exc_info=True)
     for r in found:
         _send(r.task, r.queue)
     sent = [r.task.job_id for r in found if r.why == JobStatus.running.value]

@@ -9,7 +9,12 @@ import os
 import signal
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 
+from sqlalchemy import update
+
+from core.db.engine import session
+from core.db.jobs import JobRow
 from tests.support.stack import child_pids, png_bytes
 
 LONG = {"steps": 200000, "resolution": 16}
@@ -77,14 +82,21 @@ def test_stranded_jobs_are_sent_again_with_workers_up(stack_factory):
     dead.wait()
     stack.client.post(f"/v1/jobs/{busy[1]}/cancel")  # frees the surviving worker
 
-    # A folder an API left mid-upload, untouched for longer than STALE_UPLOAD_S, and a fresh one.
-    old, fresh = (
-        stack.data_dir / "jobs" / str(uuid.uuid4()),
-        stack.data_dir / "jobs" / str(uuid.uuid4()),
-    )
-    for folder in (old, fresh):
+    # An upload an API died in (its reserved row and folder), untouched for longer than
+    # STALE_UPLOAD_S, and a fresh one.
+    store = stack.store()
+    old_id, fresh_id = str(uuid.uuid4()), str(uuid.uuid4())
+    old, fresh = stack.job_dir(old_id), stack.job_dir(fresh_id)
+    for job_id, folder in ((old_id, old), (fresh_id, fresh)):
+        store.reserve(job_id, "k-someone")
         (folder / "upload").mkdir(parents=True)
         (folder / "upload" / "photo.png").write_bytes(b"x" * 100)
+    with session(engine=store.engine) as s:
+        s.execute(
+            update(JobRow)
+            .where(JobRow.id == old_id)
+            .values(updated_at=datetime.now(UTC) - timedelta(seconds=60))
+        )
     past = time.time() - 60
     for p in (old / "upload" / "photo.png", old / "upload", old):
         os.utime(p, (past, past))
@@ -92,7 +104,7 @@ def test_stranded_jobs_are_sent_again_with_workers_up(stack_factory):
     t0 = time.monotonic()
     # The idle folder goes at the next round; the fresh one (idle less than STALE_UPLOAD_S) stays.
     _wait(lambda: not old.exists(), 30, "the abandoned upload folder removed", stack)
-    assert fresh.exists()
+    assert fresh.exists() and store.owner_of(fresh_id) and not store.owner_of(old_id)
     assert stack.wait_status(lost, "succeeded", "failed", timeout=60)["status"] == "succeeded"
     _wait(lambda: _starts(stack, victim) >= 2, 60, "the dead worker's job restarting", stack)
     took = time.monotonic() - t0

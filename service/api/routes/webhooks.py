@@ -35,7 +35,7 @@ def job_webhooks(
     job_id: str, store: JobStore = Depends(get_store), storage: LocalStorage = Depends(get_storage)
 ) -> WebhookDeliveryList:
     job = load_job(store, job_id)
-    return WebhookDeliveryList(items=webhooks.deliveries(storage.paths(job.id)))
+    return WebhookDeliveryList(items=webhooks.deliveries(job.id, storage))
 
 
 @router.get("/v1/webhook", response_model=KeyWebhook, summary="This key's webhook settings")
