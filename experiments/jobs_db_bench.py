@@ -13,9 +13,12 @@ and a small one. Measured through HTTP on one keep-alive connection:
 - first pages (`?limit=50`) for each key; the largest key's first page filtered by status;
 - the largest key's deep pages: its whole list walked by `next_cursor` (keyset), and for
   contrast `?offset=` pages as deep;
-- a reaper round (worker/reaper.py `reap`, filesystem broker) on this database and on one with
-  `--small` finished jobs and the same 200 unfinished: the first round (which re-sends the
-  200) and the steady rounds after it (median of 5).
+- the same queries as the server executes them (EXPLAIN ANALYZE), to tell the database's
+  share from HTTP, JSON and Python's;
+- reaper rounds (worker/reaper.py `reap`, filesystem broker) on this database and on one with
+  `--small` finished jobs and the same number of unfinished ones: the first round (which
+  re-sends what nobody holds) and the `--rounds` rounds after it, alternating between the two
+  databases.
 
 Prints a markdown table (docs/deploy.md carries one run's).
 """
@@ -221,31 +224,76 @@ def listing(base: str, jobs_of: dict[str, int], repeats: int) -> list[tuple[str,
     return out
 
 
-def reaper_rounds(url: str, data_dir: Path, steady: int = 5) -> tuple[float, int, float]:
-    """(first round ms, tasks it sent, median steady round ms)."""
-    from celery import Celery
+def db_side(libpq_url: str, owner: str, repeats: int) -> list[tuple[str, list[float]]]:
+    """The listing's SQL alone (what core/store.py `list` sends for the largest key), as the
+    server times it (EXPLAIN ANALYZE's execution time): a first page, a page deep in the list by
+    keyset, and the `total` count."""
+    visible = "status <> 'reserved' AND owner = %(owner)s"
+    order = "ORDER BY created_at DESC, id DESC LIMIT 51"
+    with psycopg.connect(libpq_url) as conn:
+        middle = conn.execute(
+            f"SELECT created_at, id FROM jobs WHERE {visible} {order.replace('51', '1')} "
+            "OFFSET (SELECT count(*) / 2 FROM jobs WHERE owner = %(owner)s)",
+            {"owner": owner},
+        ).fetchone()
+        queries = {
+            "first page": f"SELECT * FROM jobs WHERE {visible} {order}",
+            "keyset page halfway down": f"SELECT * FROM jobs WHERE {visible} "
+            f"AND (created_at, id) < (%(at)s, %(id)s) {order}",
+            "`total` (count of the key's jobs)": f"SELECT count(*) FROM jobs WHERE {visible}",
+        }
+        out = []
+        for what, sql in queries.items():
+            times = []
+            for _ in range(repeats):
+                plan = conn.execute(
+                    "EXPLAIN (ANALYZE, FORMAT JSON) " + sql,
+                    {"owner": owner, "at": middle[0], "id": middle[1]},
+                ).fetchone()[0]
+                times.append(plan[0]["Execution Time"])
+            out.append((what, times))
+    return out
 
-    from core.celery_config import celery_config
-    from core.settings import Settings
-    from core.storage import LocalStorage
-    from core.store import JobStore
-    from worker import reaper
 
-    logging.getLogger("worker.reaper").setLevel(logging.ERROR)  # it names every job it re-sends
-    settings = Settings(data_dir=data_dir, database_url=url, queued_grace_s=0.0)
-    client = Celery("bench-reaper")
-    client.conf.update(celery_config(settings))
-    store = JobStore(LocalStorage(data_dir), url=url)
-    t0 = time.perf_counter()
-    sent = reaper.reap(client, store, settings)
-    first = (time.perf_counter() - t0) * 1000
-    times = []
-    for _ in range(steady):
+class Reaper:
+    """Reaper rounds (worker/reaper.py `reap`, filesystem broker) on one database."""
+
+    def __init__(self, url: str, data_dir: Path):
+        from celery import Celery
+
+        from core.celery_config import celery_config
+        from core.settings import Settings
+        from core.storage import LocalStorage
+        from core.store import JobStore
+        from worker import reaper
+
+        logging.getLogger("worker.reaper").setLevel(logging.ERROR)  # it names every re-send
+        self.reaper = reaper
+        self.settings = Settings(data_dir=data_dir, database_url=url, queued_grace_s=0.0)
+        self.client = Celery(f"bench-reaper-{data_dir.name}")
+        self.client.conf.update(celery_config(self.settings))
+        self.store = JobStore(LocalStorage(data_dir), url=url)
+
+    def round(self) -> tuple[float, int]:
+        """(ms, tasks re-sent)."""
         t0 = time.perf_counter()
-        again = reaper.reap(client, store, settings)
-        times.append((time.perf_counter() - t0) * 1000)
-        assert not again, f"a steady round re-sent {len(again)}"
-    return first, len(sent), statistics.median(times)
+        sent = self.reaper.reap(self.client, self.store, self.settings)
+        return (time.perf_counter() - t0) * 1000, len(sent)
+
+
+def reaper_rounds(reapers: dict[str, Reaper], steady: int) -> dict[str, tuple]:
+    """Per database: (first round ms, its re-sends, steady rounds' p50 and max ms). The steady
+    rounds of the databases alternate, so load on the machine falls on both alike."""
+    first = {name: r.round() for name, r in reapers.items()}
+    times: dict[str, list[float]] = {name: [] for name in reapers}
+    for _ in range(steady):
+        for name, r in reapers.items():
+            ms, sent = r.round()
+            assert sent == 0, f"a steady round re-sent {sent}"
+            times[name].append(ms)
+    return {
+        name: (*first[name], statistics.median(times[name]), max(times[name])) for name in reapers
+    }
 
 
 def main() -> int:
@@ -253,29 +301,38 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=100_000)
     ap.add_argument("--small", type=int, default=1_000)
     ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="nf-jobs-bench-") as tmp:
+    from core.db.migrate import upgrade_url
+
+    with (
+        tempfile.TemporaryDirectory(prefix="nf-jobs-bench-") as tmp,
+        database("big") as (url, libpq),
+        database("small") as (small_url, small_libpq),
+    ):
         tmp = Path(tmp)
-        with database("big") as (url, libpq):
-            from core.db.migrate import upgrade_url
+        upgrade_url(url)
+        t0 = time.perf_counter()
+        jobs_of = fill(libpq, args.jobs - ACTIVE)
+        fill_s = time.perf_counter() - t0
+        upgrade_url(small_url)
+        fill(small_libpq, args.small)
+        api, base = start_api(url, tmp / "api", tmp / "api.log")
+        try:
+            results = listing(base, jobs_of, args.repeats)
+        finally:
+            api.terminate()
+            api.wait(10)
+        from service.auth import key_id
 
-            upgrade_url(url)
-            t0 = time.perf_counter()
-            jobs_of = fill(libpq, args.jobs - ACTIVE)
-            fill_s = time.perf_counter() - t0
-            api, base = start_api(url, tmp / "api", tmp / "api.log")
-            try:
-                results = listing(base, jobs_of, args.repeats)
-            finally:
-                api.terminate()
-                api.wait(10)
-            big = reaper_rounds(url, tmp / "reaper-big")
-        with database("small") as (url, libpq):
-            from core.db.migrate import upgrade_url
-
-            upgrade_url(url)
-            fill(libpq, args.small)
-            small = reaper_rounds(url, tmp / "reaper-small")
+        sql = db_side(libpq, key_id(TOKENS["largest"], SECRET.encode()), args.repeats)
+        rounds = reaper_rounds(
+            {
+                f"{args.small:,} finished jobs": Reaper(small_url, tmp / "reaper-small"),
+                f"{args.jobs - ACTIVE:,} finished jobs": Reaper(url, tmp / "reaper-big"),
+            },
+            args.rounds,
+        )
 
     with psycopg.connect(PG_ADMIN) as conn:
         pg_version = conn.execute("SHOW server_version").fetchone()[0]
@@ -289,13 +346,18 @@ def main() -> int:
     for what, n, times in results:
         print(f"| {what} | {n} | {pct(times, 50):.1f} | {pct(times, 99):.1f} |")
     print()
-    print("| reaper round (200 unfinished jobs) | first round ms (re-sends) | steady round ms |")
-    print("|---|---:|---:|")
-    for label, (first, sent, steady) in (
-        (f"{args.small:,} finished jobs", small),
-        (f"{args.jobs - ACTIVE:,} finished jobs", big),
-    ):
-        print(f"| {label} | {first:.0f} ({sent}) | {steady:.1f} |")
+    print("| the listing's SQL, largest key (server execution time) | runs | p50 ms | p99 ms |")
+    print("|---|---:|---:|---:|")
+    for what, times in sql:
+        print(f"| {what} | {len(times)} | {pct(times, 50):.2f} | {pct(times, 99):.2f} |")
+    print()
+    print(
+        f"| reaper round, {ACTIVE} unfinished jobs | first round ms (tasks re-sent) "
+        f"| next {args.rounds} rounds p50 ms | max ms |"
+    )
+    print("|---|---:|---:|---:|")
+    for label, (first, sent, p50, worst) in rounds.items():
+        print(f"| {label} | {first:.0f} ({sent}) | {p50:.1f} | {worst:.1f} |")
     return 0
 
 
