@@ -76,7 +76,7 @@ def _job_folders(source: Path) -> Iterator[tuple[str, Path]]:
             yield job_id, entry
 
 
-def _object_files(folder: Path) -> list[tuple[str, Path]]:
+def job_files(folder: Path) -> list[tuple[str, Path]]:
     """(key, path) of the folder's regular files that are job files, the pointer last."""
     out = []
     for dirpath, dirs, files in os.walk(folder):
@@ -258,7 +258,7 @@ def import_data_dir(source: Path, settings) -> ImportReport:
             job = Job.model_validate_json((folder / "job.json").read_bytes())
             if job.id != job_id:
                 raise ValueError(f"job.json names job {job.id}")
-            files = _object_files(folder)
+            files = job_files(folder)
             n, nbytes = _store_files(storage, job_id, files)
             _copy_local_state(folder, storage.paths(job_id).root)
             row, events, exports, others = _rows(

@@ -20,6 +20,7 @@ import pytest
 
 from api_schemas.exports import Export
 from api_schemas.jobs import Job, Progress
+from core.data_dir_import import job_files
 from core.exports import export_id
 from tests.support.databases import postgres_database
 from tests.support.stack import REPO, TEST_KEY, Stack, free_port
@@ -265,11 +266,9 @@ def test_import_into_postgresql_and_s3(tmp_path, s3_bucket):
             o["Key"]: (o["ETag"], o["LastModified"])
             for o in s3_bucket.client.list_objects_v2(Bucket=s3_bucket.bucket)["Contents"]
         }
-        # The pointer was stored after the checkpoint it names.
-        ckpt = s3_bucket.client.head_object(
-            Bucket=s3_bucket.bucket, Key=prefix + "checkpoints/step-10.safetensors"
-        )["LastModified"]
-        assert objects[prefix + "checkpoints/latest"][1] >= ckpt
+        # Stored in this order: the pointer after the checkpoint it names (after everything).
+        order = [key for key, _ in job_files(source / "jobs" / old["mine"])]
+        assert order[-1] == "checkpoints/latest" and set(order) == set(old["files"])
 
         stack = _api(tmp_path, env)
         try:
