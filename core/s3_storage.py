@@ -86,7 +86,14 @@ class S3Storage(Storage):
         super().__init__(data_dir)
         self.bucket, self.prefix = parse_s3_url(url)
         self.scratch_dir = Path(scratch_dir or self.data_dir / "scratch").resolve()
-        config = Config(signature_version="s3v4", retries={"max_attempts": 5, "mode": "standard"})
+        config = Config(
+            signature_version="s3v4",
+            retries={"max_attempts": 5, "mode": "standard"},
+            # Checksums only where S3 demands them: some S3 APIs (GCS's, older MinIO and Ceph
+            # releases) refuse the CRC trailers and chunked bodies boto3 sends by default.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
         self.client = boto3.client("s3", endpoint_url=endpoint_url, config=config)
         # A signature covers the host, so URLs for clients are signed for the host they use.
         self.presigner = (
