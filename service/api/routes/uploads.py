@@ -6,7 +6,10 @@ Starting one is an admission like `POST /v1/jobs` (quotas checked, the job id re
 announced size must fit MAX_UPLOAD_MB and the key's room). Its state is an object next to the
 upload (`upload/.direct.json`), so any API replica can complete it. Completing assembles the
 parts, then the API fetches the file and checks it in the same limited child process as any upload;
-the raw upload object is removed once its dataset is stored. An upload neither completed nor
+the raw upload object is removed once its dataset is stored. Two completes of one upload at once
+are told apart within one API process only (the second answers 409); on two replicas at the
+same moment both may run and the job may be discarded, so clients wait for a complete's answer
+before sending another (a later one answers 404). An upload neither completed nor
 cancelled lapses with its reservation after STALE_UPLOAD_S (the reaper removes it and its parts).
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -53,6 +57,10 @@ from service.webhooks import admit_callback
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/uploads", tags=["jobs"], dependencies=GUARDS)
 STATE_KEY = "upload/.direct.json"
+# Uploads being completed by this process: a second complete of one (a retried click) is
+# answered 409 instead of racing the first through the intake.
+_completing: set[str] = set()
+_completing_lock = threading.Lock()
 
 
 def _no_upload(job_id: str) -> HTTPException:
@@ -195,7 +203,10 @@ class _Incomplete(Exception):
     summary="Complete a direct upload: its file is checked and becomes a queued job",
     responses={
         404: {"description": "no such upload in progress"},
-        409: {"description": "parts are missing (send them, then complete again)"},
+        409: {
+            "description": "parts are missing (send them, then complete again), or the "
+            "upload is being completed"
+        },
         413: {"description": "the file passes the room left under QUOTA_STORED_MB"},
         415: {"description": "not a supported file"},
         422: {"description": "a bad file, or parts that do not make the announced size"},
@@ -211,6 +222,26 @@ async def complete_upload(
     key: ApiKey = Depends(current_key),
 ) -> Job:
     job_id = job_id_param(job_id)
+    with _completing_lock:
+        if job_id in _completing:
+            raise HTTPException(409, f"upload {job_id} is being completed")
+        _completing.add(job_id)
+    try:
+        return await _complete_once(job_id, request, settings, storage, store, queue, key)
+    finally:
+        with _completing_lock:
+            _completing.discard(job_id)
+
+
+async def _complete_once(
+    job_id: str,
+    request: Request,
+    settings: Settings,
+    storage: Storage,
+    store: JobStore,
+    queue: TaskQueue,
+    key: ApiKey,
+) -> Job:
     state = await run_in_threadpool(_state, storage, job_id)
     try:
         job = await run_in_threadpool(_complete, state, job_id, storage, store, settings)
