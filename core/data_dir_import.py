@@ -2,16 +2,15 @@
 the storage of this deployment: `nf db import [DATA_DIR]` / `python -m core.db import`.
 
 A job folder `<DATA_DIR>/jobs/<uuid>/` held its state as files: `job.json`, `events.jsonl`,
-`owner` (the owning key's id), `cancel`, `exports/<id>.json`, `renders/<id>.json`, beside its
-files (`upload/`, `dataset/`, `checkpoints/`, `artifacts/`). The state files become rows (jobs,
-job_events, exports, renders, job_storage); every other file is stored under its relative path
-as key. A checkpoint pointer (`checkpoints/latest`) is stored after every other file, and a
+`owner` (the owning key's id), `cancel`, `exports/<id>.json`, `renders/<id>.json`, its callback
+`webhook.json` and delivery log `webhooks/<n>.json`, beside its files (`upload/`, `dataset/`,
+`checkpoints/`, `artifacts/`). The state files become rows (jobs, job_events, exports, renders,
+webhook_jobs, webhook_deliveries, job_storage); every other file is stored under its relative
+path as key. A checkpoint pointer (`checkpoints/latest`) is stored after every other file, and a
 job's rows are written in one transaction after all of its files: a job row that exists means
-its import is complete, which is what makes a second run skip it and change nothing.
-
-The files the database does not hold yet (a job's callback `webhook.json` and its delivery
-records under `webhooks/`, a key's `keys/<id>/webhook.json`) are copied to the same places under
-this deployment's DATA_DIR when that is another folder.
+its import is complete, which is what makes a second run skip it and change nothing. Keys'
+webhook settings (`keys/<id>/webhook.json`: URL and signing secret) become webhook_keys rows,
+where the key has none yet.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,21 +28,29 @@ from sqlalchemy import select
 
 from api_schemas.exports import Export
 from api_schemas.jobs import Job
+from api_schemas.webhooks import WebhookDelivery
 from core.db import migrate
 from core.db.engine import database_url, session
 from core.db.exports import ExportRow
 from core.db.jobs import JobEventRow, JobRow
 from core.db.quotas import JobStorage
 from core.db.renders import RenderRow
+from core.db.webhooks import WebhookDeliveryRow, WebhookJob, WebhookKey
 from core.storage import LATEST_NAME, Storage, get_storage, parse_job_id
 
 log = logging.getLogger(__name__)
 
 # Files of a job folder that are state (rows now) or scratch, never stored as objects.
-STATE_FILES = {"job.json", "events.jsonl", "owner", "cancel", ".lock", ".storage-manifest.json"}
+STATE_FILES = {
+    "job.json",
+    "events.jsonl",
+    "owner",
+    "cancel",
+    "webhook.json",
+    ".lock",
+    ".storage-manifest.json",
+}
 STATE_DIRS = {"exports", "renders", "webhooks"}
-# Local state folder files the database does not hold, copied as they are.
-LOCAL_STATE = ("webhook.json", "webhooks")
 POINTER = f"checkpoints/{LATEST_NAME}"
 
 
@@ -87,7 +93,7 @@ def job_files(folder: Path) -> list[tuple[str, Path]]:
         for name in files:
             path = Path(dirpath) / name
             key = (rel_dir / name).as_posix()
-            if rel_dir == Path(".") and name in STATE_FILES | set(LOCAL_STATE):
+            if rel_dir == Path(".") and name in STATE_FILES:
                 continue
             if name.startswith(".") and name.endswith(".tmp"):
                 continue  # an interrupted atomic write
@@ -158,16 +164,35 @@ def _store_files(storage: Storage, job_id: str, files: list[tuple[str, Path]]) -
     return n, nbytes
 
 
-def _copy_local_state(src: Path, dest: Path) -> None:
-    if src.resolve() == dest.resolve():
-        return
-    for name in LOCAL_STATE:
-        path = src / name
-        if path.is_file() and not (dest / name).exists():
-            dest.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, dest / name)
-        elif path.is_dir():
-            shutil.copytree(path, dest / name, dirs_exist_ok=True)
+def _webhooks(folder: Path, job_id: str) -> list:
+    """The job's callback URL and its delivery log as rows."""
+    out: list = []
+    try:
+        url = json.loads((folder / "webhook.json").read_text()).get("url")
+    except (OSError, ValueError, AttributeError):
+        url = None
+    if url:
+        out.append(WebhookJob(job_id=job_id, url=url))
+    for p in sorted((folder / "webhooks").glob("*.json")):
+        try:
+            d = WebhookDelivery.model_validate_json(p.read_bytes())
+            seq = int(d.id)
+        except (OSError, ValueError):
+            log.warning("webhook delivery %s unreadable; not imported", p)
+            continue
+        out.append(
+            WebhookDeliveryRow(
+                job_id=job_id,
+                seq=seq,
+                url=d.url,
+                event=d.event.model_dump(mode="json"),
+                status=d.status.value,
+                attempts=[a.model_dump(mode="json") for a in d.attempts],
+                next_attempt_at=d.next_attempt_at,
+                created_at=d.event.created_at,
+            )
+        )
+    return out
 
 
 def _rows(
@@ -238,7 +263,7 @@ def _rows(
         for r in _renders(folder)
     ]
     usage = JobStorage(job_id=job.id, stored_bytes=stored_bytes, updated_at=job.updated_at)
-    return row, event_rows, exports, [*renders, usage]
+    return row, event_rows, exports, [*renders, *_webhooks(folder, job.id), usage]
 
 
 def import_data_dir(source: Path, settings) -> ImportReport:
@@ -260,7 +285,6 @@ def import_data_dir(source: Path, settings) -> ImportReport:
                 raise ValueError(f"job.json names job {job.id}")
             files = job_files(folder)
             n, nbytes = _store_files(storage, job_id, files)
-            _copy_local_state(folder, storage.paths(job_id).root)
             row, events, exports, others = _rows(
                 job, folder, sum(p.stat().st_size for _, p in files)
             )
@@ -275,7 +299,7 @@ def import_data_dir(source: Path, settings) -> ImportReport:
         report.imported.append(job_id)
         report.objects += n
         report.bytes += nbytes
-    _copy_key_settings(source, Path(settings.data_dir).resolve())
+    _import_key_webhooks(source, settings)
     secret = source / "keys" / ".id-secret"
     if secret.is_file() and not settings.key_id_secret:
         report.notes.append(
@@ -286,15 +310,18 @@ def import_data_dir(source: Path, settings) -> ImportReport:
     return report
 
 
-def _copy_key_settings(source: Path, dest: Path) -> None:
-    """Keys' webhook settings (`keys/<id>/webhook.json`), where DATA_DIR is another folder."""
-    if source == dest:
-        return
+def _import_key_webhooks(source: Path, settings) -> None:
+    """Keys' webhook settings (`keys/<id>/webhook.json`), for keys that have none yet."""
     for path in sorted((source / "keys").glob("*/webhook.json")):
-        target = dest / "keys" / path.parent.name / path.name
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
+        try:
+            cfg = json.loads(path.read_text())
+            url, secret = cfg.get("url"), cfg.get("secret")
+        except (OSError, ValueError, AttributeError):
+            log.warning("key webhook settings %s unreadable; not imported", path)
+            continue
+        with session(settings, write=True) as s:
+            if s.get(WebhookKey, path.parent.name) is None:
+                s.add(WebhookKey(owner=path.parent.name, url=url, secret=secret))
 
 
 def describe(report: ImportReport, settings) -> str:

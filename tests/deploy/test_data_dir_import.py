@@ -1,8 +1,10 @@
 """`nf db import`: a DATA_DIR of job folders in the file layout of earlier versions (job.json,
-events.jsonl, owner, exports/*.json, renders/*.json beside the files), built here by hand, is
+events.jsonl, owner, exports/*.json, renders/*.json, webhook.json and webhooks/*.json beside the
+files, and keys/<id>/webhook.json), built here by hand, is
 imported into SQLite + the local directory (in place, the one-host upgrade) and into PostgreSQL
 + an S3 bucket (moto's server); then the real API (a uvicorn process) serves the jobs: listing
-by owner, events, exports, render jobs and artifact downloads. A second run changes nothing.
+by owner, events, exports, render jobs, webhook deliveries and settings, artifact downloads.
+A second run changes nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 
 from api_schemas.exports import Export
 from api_schemas.jobs import Job, Progress
+from api_schemas.webhooks import WebhookDelivery, WebhookEvent
 from core.data_dir_import import job_files
 from core.exports import export_id
 from tests.support.databases import postgres_database
@@ -116,6 +119,26 @@ def _old_layout(data_dir: Path) -> dict:
         "updated_at": (T0 + timedelta(minutes=9)).isoformat(),
     }
     _write(root / "renders" / f"{rid}.json", json.dumps(render))
+    _write(root / "webhook.json", json.dumps({"url": "https://hooks.example.com/job"}))
+    for n, status in ((1, "delivered"), (2, "pending")):
+        delivery = WebhookDelivery(
+            id=f"{n:06d}",
+            url="https://hooks.example.com/job",
+            event=WebhookEvent(
+                id=f"{mine}.{n}",
+                type="job.status",
+                created_at=T0 + timedelta(minutes=n),
+                job_id=mine,
+                data={"status": "queued" if n == 1 else "succeeded"},
+            ),
+            status=status,
+            attempts=[{"at": T0.isoformat(), "status_code": 200, "duration_ms": 12.5}]
+            if n == 1
+            else [],
+        )
+        _write(root / "webhooks" / f"{n:06d}.json", delivery.model_dump_json())
+    key_hook = {"url": "https://hooks.example.com/key", "secret": "whsec-imported"}
+    _write(data_dir / "keys" / _key_id(TEST_KEY) / "webhook.json", json.dumps(key_hook))
 
     other = Job(
         id=theirs,
@@ -200,6 +223,18 @@ def _check_api(stack: Stack, old: dict, s3: bool) -> dict:
     assert [(e["id"], e["status"]) for e in exports] == [(old["eid"], "succeeded")]
     render = c.get(f"/v1/jobs/{old['mine']}/renders/{old['rid']}").json()
     assert render["status"] == "succeeded" and render["frames_done"] == 12
+
+    hooks = c.get(f"/v1/jobs/{old['mine']}/webhooks").json()["items"]
+    assert [(d["id"], d["status"], len(d["attempts"])) for d in hooks] == [
+        ("000001", "delivered", 1),
+        ("000002", "pending", 0),
+    ]
+    assert hooks[1]["event"]["id"] == f"{old['mine']}.2"  # receivers dedupe on it
+    assert c.get("/v1/webhook").json() == {
+        "url": "https://hooks.example.com/key",
+        "has_secret": True,
+        "secret": None,
+    }
 
     r = c.get(f"/v1/jobs/{old['mine']}/artifacts/{old['export_file']}")
     if s3:
