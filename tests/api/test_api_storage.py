@@ -222,3 +222,20 @@ def test_direct_uploads_need_object_storage(stack_factory):
     r = _start(stack, 100)
     assert r.status_code == 409 and "POST /v1/jobs" in r.text
     assert stack.client.get("/v1/jobs").json()["total"] == 0
+
+
+def test_cli_submit_direct_sends_the_parts_to_the_bucket(stack_factory, s3_bucket, tmp_path):
+    from tests.service.test_cli import nf
+
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(png_bytes(24, 24))
+    stack = stack_factory(queues=None, env=s3_bucket.env)
+    sub = nf("submit", "--direct", str(photo), "--config", '{"steps": 20}', url=stack.base_url)
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip()
+    assert stack.client.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
+    assert f"nf/jobs/{job_id}/dataset/image.png" in s3_bucket.keys()
+
+    local = stack_factory(queues=None)
+    sub = nf("submit", "--direct", str(photo), url=local.base_url)
+    assert sub.returncode != 0 and "POST /v1/jobs" in sub.stderr
