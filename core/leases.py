@@ -244,6 +244,6 @@ def held(
         stop.set()
         thread.join(timeout=5)
         try:
-            release(settings, got)
+            release(settings, got, close=count)
         except Exception:
             log.warning("could not release lease %s/%s", kind, subject, exc_info=True)
