@@ -70,6 +70,15 @@ def trained_config(
         return model.model_construct(**known)
 
 
+def checkpoint_config(model: type[M], checkpoint) -> M | None:
+    """The config `checkpoint` (worker.checkpoints.Checkpoint) was trained with, as `model`
+    (trained_config); None where its meta records none."""
+    saved = checkpoint.meta.get("config")
+    if not isinstance(saved, dict):
+        return None
+    return trained_config(model, saved, f"checkpoint {checkpoint.step}")
+
+
 def job_config(job: Job) -> Config:
     """The job's config as its kind's model: the worker's one validation of it."""
     return stored_config(CONFIG_MODELS[JobKind(job.kind)], job.config, f"job {job.id}'s config")

@@ -20,7 +20,7 @@ from torch import nn
 import core.photos  # noqa: F401  (registers the HEIF reader: an uploaded photo may be HEIC)
 from api_schemas.image import ImageConfig
 from api_schemas.render import RenderRequest
-from worker.configs import config_dict, job_config, trained_config
+from worker.configs import checkpoint_config, config_dict, job_config
 from worker.jobs import RenderError, pick_device
 from worker.scene.metrics import psnr_from_mse
 
@@ -193,7 +193,7 @@ def train(ctx) -> dict[str, Any]:
 
     start = None
     ckpt = ctx.checkpoints.load_latest()
-    if ckpt is not None and _trained_with(ckpt) == config and ckpt.step <= steps:
+    if ckpt is not None and checkpoint_config(ImageConfig, ckpt) == config and ckpt.step <= steps:
         start = _unpack(ckpt)  # a redelivered task resumes where the last checkpoint left off
     ctx.progress.start_step = start["step"] if start else 0
     # Report at once: the first optimiser step can take a while (allocations, thread pools).
@@ -220,13 +220,6 @@ def train(ctx) -> dict[str, Any]:
         "train_height": h,
         "train_s": round(time.monotonic() - t0, 3),
     }
-
-
-def _trained_with(ckpt) -> ImageConfig | None:
-    saved = ckpt.meta.get("config")
-    if not isinstance(saved, dict):
-        return None
-    return trained_config(ImageConfig, saved, f"checkpoint {ckpt.step}")
 
 
 def _with_meta(packed, meta_base):
@@ -257,7 +250,7 @@ def _model_for(job, checkpoint, device) -> nn.Module:
     model = checkpoint.cache.get("model")
     if model is None:
         # the checkpoint's own config: the job's may have changed since it was trained
-        model = model_from_config(_trained_with(checkpoint) or job_config(job))
+        model = model_from_config(checkpoint_config(ImageConfig, checkpoint) or job_config(job))
         model.load_state_dict(_unpack(checkpoint)["model"])
         model = model.to(device).eval()
         checkpoint.cache["model"] = model

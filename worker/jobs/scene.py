@@ -27,7 +27,7 @@ from api_schemas.kinds import CONFIG_MODELS
 from api_schemas.render import PathRequest, RenderRequest
 from core.storage import atomic_write_bytes
 from worker.budget import EvalPlan, TimeBudget, time_limit
-from worker.configs import trained_config
+from worker.configs import checkpoint_config, trained_config
 from worker.jobs import RenderError, pick_device
 from worker.scene.cameras import RenderCamera, world_distance
 from worker.scene.dataset import Dataset, background_rgb, read_meta
@@ -127,13 +127,6 @@ class SceneJob:
         return []
 
     # -- training --------------------------------------------------------------------------------
-    def _trained_with(self, ckpt):
-        """The config `ckpt` was trained with, or None where its meta has none."""
-        saved = ckpt.meta.get("config")
-        if not isinstance(saved, dict):
-            return None
-        return trained_config(CONFIG_MODELS[JobKind(self.kind)], saved, f"checkpoint {ckpt.step}")
-
     def resume(self, ctx, trainer) -> None:
         ckpt = ctx.checkpoints.load_latest()
         if ckpt is None:
@@ -141,7 +134,7 @@ class SceneJob:
         if (
             ckpt.meta.get("kind") != self.kind
             or ckpt.meta.get("state_format") != getattr(trainer, "state_format", None)
-            or self._trained_with(ckpt) != ctx.config
+            or checkpoint_config(CONFIG_MODELS[JobKind(self.kind)], ckpt) != ctx.config
         ):
             log.warning(
                 "job %s: checkpoint step %s does not match this config; starting over",
