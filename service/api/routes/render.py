@@ -170,7 +170,8 @@ async def render(
     if frame_as_job(settings, job, req):
         paths = storage.paths(job.id)
         render_id = path_jobs.new_id()
-        state = path_jobs.create(
+        state = await asyncio.to_thread(
+            path_jobs.create,
             paths,
             render_id,
             job.id,
@@ -222,8 +223,14 @@ async def render_path(
     if req.mode == "job" or (req.mode is None and pixels > settings.path_wait_pixels):
         paths = storage.paths(job.id)
         render_id = path_jobs.new_id()
-        state = path_jobs.create(
-            paths, render_id, job.id, req.format, req.frames, request=req.model_dump(mode="json")
+        state = await asyncio.to_thread(
+            path_jobs.create,
+            paths,
+            render_id,
+            job.id,
+            req.format,
+            req.frames,
+            request=req.model_dump(mode="json"),
         )
         await asyncio.to_thread(queue.send_path_job, job.id, render_id, req)
         view = path_job_view(state)
