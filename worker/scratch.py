@@ -23,6 +23,7 @@ from core.storage import JobPaths, LocalStorage, Storage
 log = logging.getLogger(__name__)
 IN_USE = ".in-use"  # flocked shared by each task using the folder, exclusively by eviction
 USED = ".used"  # its mtime is the folder's last use
+_last_eviction: dict[Path, float] = {}  # cache folder -> this process's last pass over it
 
 
 def is_local(storage: Storage) -> bool:
@@ -31,9 +32,12 @@ def is_local(storage: Storage) -> bool:
 
 
 @contextmanager
-def job_work_dir(storage: Storage, job_id: str, max_bytes: int | None) -> Iterator[JobPaths]:
+def job_work_dir(
+    storage: Storage, job_id: str, max_bytes: int | None, evict_every_s: float = 0.0
+) -> Iterator[JobPaths]:
     """The job's working copy, held in use for the block; with object storage, evicts other
-    folders first so the cache stays within `max_bytes` (None: unbounded)."""
+    folders first so the cache stays within `max_bytes` (None: unbounded). Measuring the cache
+    walks every file in it, so a process does it at most once per `evict_every_s`."""
     paths = storage.work_dir(job_id)
     if is_local(storage):
         yield paths
@@ -41,8 +45,11 @@ def job_work_dir(storage: Storage, job_id: str, max_bytes: int | None) -> Iterat
     fh = _hold(paths.root)
     try:
         _touch(paths.root)
-        if max_bytes is not None:
-            evict(paths.root.parent, max_bytes)
+        cache, now = paths.root.parent, time.monotonic()
+        last = _last_eviction.get(cache)
+        if max_bytes is not None and (last is None or now - last >= evict_every_s):
+            _last_eviction[cache] = now
+            evict(cache, max_bytes)
         yield paths
     finally:
         try:

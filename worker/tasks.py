@@ -78,10 +78,14 @@ def _store() -> JobStore:
     return JobStore(storage, listeners=[webhooks.status_recorder(storage), metrics.status_listener])
 
 
+# Renders enter the cache many times a second; its size is measured at most this often.
+EVICT_EVERY_S = 5.0
+
+
 def work_dir(storage: Storage, job_id: str):
     """The job's working copy held for the block (worker.scratch): the job folder itself with
     local storage, a bounded scratch cache entry with object storage."""
-    return job_work_dir(storage, job_id, int(get_settings().scratch_max_gb * 2**30))
+    return job_work_dir(storage, job_id, int(get_settings().scratch_max_gb * 2**30), EVICT_EVERY_S)
 
 
 def published(storage: Storage, job_id: str) -> Published | None:

@@ -20,8 +20,10 @@ def _fill(root, n_bytes: int) -> None:
     (root / "dataset" / "blob.bin").write_bytes(os.urandom(n_bytes))
 
 
-def _use(storage, job_id: str, n_bytes: int = 0, max_bytes: int | None = None) -> None:
-    with job_work_dir(storage, job_id, max_bytes) as paths:
+def _use(
+    storage, job_id: str, n_bytes: int = 0, max_bytes: int | None = None, evict_every_s=0.0
+) -> None:
+    with job_work_dir(storage, job_id, max_bytes, evict_every_s) as paths:
         if n_bytes:
             _fill(paths.root, n_bytes)
     time.sleep(0.02)  # distinct last-use times
@@ -62,3 +64,14 @@ def test_local_storage_work_dir_is_the_job_folder_and_never_evicted(tmp_path):
         assert paths == storage.paths(jobs[1])
     assert all((storage.paths(j).root / "dataset" / "blob.bin").is_file() for j in jobs)
     assert not any(p.name.startswith(".") for p in storage.paths(jobs[0]).root.iterdir())
+
+
+def test_a_process_measures_the_cache_at_most_once_per_interval(s3_bucket, tmp_path):
+    storage = s3_storage(s3_bucket.settings(tmp_path))
+    a, b = (str(uuid.uuid4()) for _ in range(2))
+    _use(storage, a, MB)
+    _use(storage, b, max_bytes=0, evict_every_s=60)
+    assert not storage.work_dir(a).root.exists()
+    _use(storage, a, MB)
+    _use(storage, b, max_bytes=0, evict_every_s=60)  # within the interval: not measured
+    assert storage.work_dir(a).root.is_dir()
