@@ -37,6 +37,8 @@ class JobRow(Base):
     __table_args__ = (
         # GET /v1/jobs: the owner's jobs newest first, keyset-paginated on (created_at, id).
         Index("ix_jobs_owner_created", "owner", "created_at", "id"),
+        # The listing's `total` (an index-only count of the owner's jobs) and its status filter.
+        Index("ix_jobs_owner_status_created", "owner", "status", "created_at", "id"),
         Index("ix_jobs_status", "status"),
     )
 

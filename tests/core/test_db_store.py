@@ -206,3 +206,34 @@ def test_migrations_apply_at_once_from_several_processes_and_again(kind, tmp_pat
     else:
         with postgres_database() as url:
             run(url)
+
+
+def test_the_migrations_make_the_tables_the_models_describe(db_url):
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+    from sqlalchemy import create_engine
+
+    from core.db.base import Base
+
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    finally:
+        engine.dispose()
+
+    def table_of(diff) -> str | None:
+        # ("add_index", Index) / ("add_table", Table) / ("add_column", schema, "t", Column) /
+        # [("modify_type", schema, "t", "col", ...)]
+        op = diff[0] if isinstance(diff, list) else diff
+        for part in op[1:]:
+            if isinstance(part, str):
+                return part
+            if hasattr(part, "table"):
+                return part.table.name
+            if hasattr(part, "columns"):
+                return part.name
+        return None
+
+    mine = [d for d in diffs if table_of(d) in ("jobs", "job_events")]
+    assert mine == []

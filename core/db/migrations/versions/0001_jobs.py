@@ -35,6 +35,7 @@ def upgrade() -> None:
         sa.Column("last_seq", sa.Integer(), nullable=False),
     )
     op.create_index("ix_jobs_owner_created", "jobs", ["owner", "created_at", "id"])
+    op.create_index("ix_jobs_owner_status_created", "jobs", ["owner", "status", "created_at", "id"])
     op.create_index("ix_jobs_status", "jobs", ["status"])
     op.create_table(
         "job_events",
