@@ -126,6 +126,9 @@ class JobStore:
         migrate.ensure(url)
         self.engine = engine_for_url(url)
         self._pg = self.engine.dialect.name == "postgresql"
+        self._read_engine = (
+            self.engine.execution_options(isolation_level="AUTOCOMMIT") if self._pg else self.engine
+        )
 
     def _notify(self, job: Job) -> None:
         for listener in self.listeners:
@@ -136,8 +139,11 @@ class JobStore:
 
     @contextmanager
     def _session(self, write: bool = False) -> Iterator[Session]:
+        """A transaction; `write=False` only reads (on PostgreSQL in autocommit: no BEGIN and
+        COMMIT round trips. Reads that must agree, like `poll`'s, read the job row first)."""
+        engine = self.engine if write else self._read_engine
         try:
-            with session(engine=self.engine, write=write) as s:
+            with session(engine=engine, write=write) as s:
                 yield s
         except OperationalError as exc:
             # SQLite on a full or failing disk: an OSError like any other file write, which
@@ -371,8 +377,8 @@ class JobStore:
     def poll(
         self, job_id: str, after: int = 0, limit: int | None = None
     ) -> tuple[list[dict[str, Any]], Job | None]:
-        """Events after `after` and the job, read in one transaction (so a terminal job's
-        status event is among the events or before `after`); job None once deleted."""
+        """The job, then its events after `after`, read in that order (so a terminal job's
+        status event is always among the events or before `after`); job None once deleted."""
         with self._session() as s:
             row = s.get(JobRow, job_id)
             if row is None or row.status == RESERVED:
