@@ -397,8 +397,9 @@ def reap(app, store: JobStore, settings) -> list[Resend]:
 def orphans(settings) -> list[Resend]:
     """At a worker's start: queued and running jobs nobody holds (their worker died with this
     host's previous worker, whose leases name dead processes), sent again at once. Queued ones
-    too, in case the broker lost their message (the filesystem broker loses a taken one; a
-    Redis restarted without persistence all of them)."""
+    too when the broker does not hold their message (the filesystem broker loses a taken one; a
+    Redis restarted without persistence all of them), or when that cannot be told."""
+    in_broker = broker_task_ids(settings) or set()
     now = leases.utcnow()
     out = []
     with session(settings) as s:
@@ -407,7 +408,13 @@ def orphans(settings) -> list[Resend]:
             .join(Lease, and_(Lease.kind == TRAIN, Lease.subject == JobRow.id), isouter=True)
             .where(JobRow.status.in_((JobStatus.queued.value, JobStatus.running.value)))
         ).all()
+        grace = now - timedelta(seconds=settings.queued_grace_s)
         for job, lease in rows:
+            # A job just made may not have been sent yet: the rounds see to it later.
+            if job.status == JobStatus.queued.value and (
+                job.id in in_broker or job.updated_at > grace
+            ):
+                continue
             if leases.free(lease, now):
                 task, queue = _first_task(job)
                 out.append(Resend(task, queue, job.status))
