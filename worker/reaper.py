@@ -69,6 +69,7 @@ from core.store import JobStore
 log = logging.getLogger(__name__)
 REAPER_SUBJECT = "round"
 QUEUES = (TRAIN_QUEUE, PREPROCESS_QUEUE, RENDER_QUEUE, EXPORT_QUEUE)
+STARTUP_GRACE_S = 2.0  # at most this long between an API making a job and sending its task
 
 
 # -- what the broker holds -------------------------------------------------------------------
@@ -398,7 +399,8 @@ def orphans(settings) -> list[Resend]:
     """At a worker's start: queued and running jobs nobody holds (their worker died with this
     host's previous worker, whose leases name dead processes), sent again at once. Queued ones
     too when the broker does not hold their message (the filesystem broker loses a taken one; a
-    Redis restarted without persistence all of them), or when that cannot be told."""
+    Redis restarted without persistence all of them), or when that cannot be told, unless made
+    within the last QUEUED_GRACE_S (at most STARTUP_GRACE_S)."""
     in_broker = broker_task_ids(settings) or set()
     now = leases.utcnow()
     out = []
@@ -408,9 +410,9 @@ def orphans(settings) -> list[Resend]:
             .join(Lease, and_(Lease.kind == TRAIN, Lease.subject == JobRow.id), isouter=True)
             .where(JobRow.status.in_((JobStatus.queued.value, JobStatus.running.value)))
         ).all()
-        grace = now - timedelta(seconds=settings.queued_grace_s)
+        grace = now - timedelta(seconds=min(settings.queued_grace_s, STARTUP_GRACE_S))
         for job, lease in rows:
-            # A job just made may not have been sent yet: the rounds see to it later.
+            # A job made a moment ago may not have been sent yet: the rounds see to it later.
             if job.status == JobStatus.queued.value and (
                 job.id in in_broker or job.updated_at > grace
             ):
