@@ -1,5 +1,6 @@
 """Command-line client for the neural-field service. Talks HTTP only (httpx), never imports
-service internals, so it works against any deployment: `python -m service.cli --help`.
+service internals, so it works against any deployment: `python -m service.cli --help`. The one
+exception, `nf db`, is an operator's command run beside the service (core/db/__main__.py).
 
 The base URL comes from --url, else $NF_URL, else http://127.0.0.1:8000; the API key from
 --key, else $NF_API_KEY (sent as `Authorization: Bearer <key>`).
