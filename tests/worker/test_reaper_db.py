@@ -2,7 +2,8 @@
 Redis: a queued job whose message is lost is sent again, once; a scene job waiting in the
 preprocess queue is left alone (and, lost, goes back to preprocess, not train); a running job
 whose train lease ran out is sent again, one whose holder renews is not; exports and render
-jobs get the same coverage; a render job past MAX_RENDER_JOB_S fails; candidates come from the
+jobs get the same coverage (a render job whose worker is gone is sent again from its kept
+request); a render job past MAX_RENDER_JOB_S fails; candidates come from the
 unfinished rows only."""
 
 from __future__ import annotations
@@ -118,12 +119,25 @@ def test_exports_and_render_jobs_are_covered(env):
         job_id, slow, job_id, "webp", 4, request=PATH.model_dump(mode="json"), settings=settings
     )
     path_jobs.update(job_id, slow, settings=settings, status="running")
+    orphan = path_jobs.new_id()
+    path_jobs.create(
+        job_id, orphan, job_id, "webp", 4, request=PATH.model_dump(mode="json"), settings=settings
+    )
+    path_jobs.update(job_id, orphan, settings=settings, status="running")
+    leases.claim(settings, "render", orphan, 0.3, job_id=job_id, holder=ELSEWHERE)
     unrecoverable = path_jobs.new_id()
     path_jobs.create(job_id, unrecoverable, job_id, "webp", 4, settings=settings)
     time.sleep(0.5)
 
-    found = {(r.task.name, getattr(r.task, "export_id", None)) for r in reaper.stranded(settings)}
-    assert found == {("nf.export", lost_msg.id), ("nf.export", lost_worker.id)}
+    found = {
+        (r.task.name, getattr(r.task, "export_id", None) or getattr(r.task, "render_id", None))
+        for r in reaper.stranded(settings)
+    }
+    assert found == {
+        ("nf.export", lost_msg.id),
+        ("nf.export", lost_worker.id),
+        ("nf.render_path_job", orphan),
+    }
     assert path_jobs.read(job_id, unrecoverable, settings=settings)["status"] == "failed"
     time.sleep(3.0)  # past MAX_RENDER_JOB_S + the lease TTL
     reaper.stranded(settings)
