@@ -31,8 +31,12 @@ from sqlalchemy.orm import Session
 from api_schemas.jobs import Job, JobKind, JobStatus, Progress
 from core.db import migrate
 from core.db.engine import database_url, engine_for_url, session
+from core.db.exports import ExportRow
 from core.db.jobs import RESERVED, JobEventRow, JobRow
+from core.db.leases import Lease
 from core.db.notify import CHANNEL
+from core.db.quotas import JobStorage
+from core.db.renders import RenderRow
 from core.storage import parse_job_id
 
 log = logging.getLogger(__name__)
@@ -362,9 +366,12 @@ class JobStore:
             return s.execute(update(JobRow).where(JobRow.owner == old).values(owner=new)).rowcount
 
     def delete(self, job_id: str) -> None:
-        """Remove the job's row and its events (its files are the storage's)."""
+        """Remove the job's row, its events and the rows of its exports, render jobs, leases
+        and stored bytes (its files are the storage's). Its quota submissions stay: they count
+        for the hour whether or not the job is deleted."""
         with self._session(write=True) as s:
-            s.execute(delete(JobEventRow).where(JobEventRow.job_id == job_id))
+            for table in (JobEventRow, ExportRow, RenderRow, Lease, JobStorage):
+                s.execute(delete(table).where(table.job_id == job_id))
             s.execute(delete(JobRow).where(JobRow.id == job_id))
 
     # -- events ------------------------------------------------------------------------
