@@ -35,6 +35,7 @@ from core.db.exports import ExportRow
 from core.db.jobs import JobEventRow, JobRow
 from core.db.quotas import JobStorage
 from core.db.renders import RenderRow
+from core.db.secrets import KEY_ID_SECRET_NAME, get_or_make
 from core.db.webhooks import WebhookDeliveryRow, WebhookJob, WebhookKey
 from core.storage import LATEST_NAME, Storage, get_storage, parse_job_id
 
@@ -300,14 +301,32 @@ def import_data_dir(source: Path, settings) -> ImportReport:
         report.objects += n
         report.bytes += nbytes
     _import_key_webhooks(source, settings)
-    secret = source / "keys" / ".id-secret"
-    if secret.is_file() and not settings.key_id_secret:
-        report.notes.append(
-            f"the imported owners are key ids made with the secret in {secret}: set "
-            f"KEY_ID_SECRET to its content on every API replica, or the keys no longer "
-            f"match their jobs"
-        )
+    _import_id_secret(source, settings, report)
     return report
+
+
+def _import_id_secret(source: Path, settings, report) -> None:
+    """The key-id secret the folder's owners were made with becomes the database's, so the
+    API computes the same ids (service/auth.py id_secret)."""
+    path = source / "keys" / ".id-secret"
+    try:
+        old = path.read_text().strip()
+    except OSError:
+        return
+    if not old or settings.key_id_secret:
+        if old and settings.key_id_secret != old:
+            report.notes.append(
+                f"the imported owners are key ids made with the secret in {path}, but "
+                f"KEY_ID_SECRET is set to another value: the keys no longer match their jobs"
+            )
+        return
+    with session(settings, write=True) as s:
+        kept = get_or_make(s, KEY_ID_SECRET_NAME, old)
+    if kept != old:
+        report.notes.append(
+            f"the database already holds another key-id secret than {path}: the imported "
+            f"owners do not match their keys"
+        )
 
 
 def _import_key_webhooks(source: Path, settings) -> None:

@@ -115,7 +115,7 @@ class Settings(BaseSettings):
     key_id_secret: str | None = Field(
         None,
         repr=False,
-        description="HMAC secret of key ids on disk; unset: made once in DATA_DIR/keys/.id-secret",
+        description="HMAC secret of the key ids jobs record as owners; unset: made once and kept in the database",
     )
     render_pixels_per_min: float = Field(
         200_000_000, gt=0, description="rendered pixels (w*h*frames) per key per minute"

@@ -2,13 +2,13 @@
 
 A key is `token` or `name:token`. A job records its owner as the key's id (the jobs table's
 `owner` column, core/store.py); any other key is told the job does not exist (404), so job ids
-leak nothing across keys. The id is HMAC-SHA256 of the token under a server secret (`h-` + 32 hex digits): KEY_ID_SECRET, else
-one the deployment makes once in `DATA_DIR/keys/.id-secret` (mode 0600, shared by replicas on
-the same DATA_DIR), so stored ids cannot be checked against guessed tokens offline. Jobs and
-index entries of the unsalted ids of earlier versions (`k-` + sha256(token)[:24]) are moved to
-the new id at start (`KeyRing.renames`, service/quotas.py `KeyIndex.rename_key`). Tokens are
-compared as SHA-256 digests with hmac.compare_digest against every configured key (no early
-exit), and never logged: only key names and ids appear in logs.
+leak nothing across keys. The id is HMAC-SHA256 of the token under a server secret (`h-` + 32
+hex digits): KEY_ID_SECRET, else one the deployment makes once in its database (`id_secret`),
+so stored ids cannot be checked against guessed tokens offline and every replica computes the
+same ids. Jobs of the unsalted ids of earlier versions (`k-` + sha256(token)[:24]) are moved to
+the new id at start (`KeyRing.renames`, service/quotas.py `rename_keys`). Tokens are compared as
+SHA-256 digests with hmac.compare_digest against every configured key (no early exit), and never
+logged: only key names and ids appear in logs.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import re
-import secrets
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.db import migrate
+from core.db.engine import database_url, engine_for_url, session
+from core.db.secrets import KEY_ID_SECRET_NAME, get_or_make
 from core.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class ApiKey:
         return f"ApiKey(name={self.name!r}, id={self.id!r})"
 
 
-ID_SECRET_FILE = ".id-secret"  # under DATA_DIR/keys/
+ID_SECRET_FILE = ".id-secret"  # under DATA_DIR/keys/, where earlier versions made it
 
 
 def key_id(token: str, secret: bytes) -> str:
@@ -59,27 +59,20 @@ def legacy_key_id(token: str) -> str:
 
 
 def id_secret(settings) -> bytes:
-    """KEY_ID_SECRET, else the deployment's own secret file, made on first use (the first
-    replica to link it wins; the others read it)."""
+    """KEY_ID_SECRET, else the deployment's own secret, made once in the database (the `secrets`
+    table) that every replica shares. A secret an earlier version made in
+    `DATA_DIR/keys/.id-secret` becomes the database's, so its key ids still match their jobs."""
     if settings.key_id_secret:
         return settings.key_id_secret.encode()
-    folder = Path(settings.data_dir) / "keys"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / ID_SECRET_FILE
-    if not path.exists():
-        tmp = folder / f"{ID_SECRET_FILE}.{os.getpid()}.{time.time_ns()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(secrets.token_hex(32))
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
-            os.link(tmp, path)  # all or nothing: never a half-written secret
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
-    return path.read_text().strip().encode()
+    legacy = Path(settings.data_dir) / "keys" / ID_SECRET_FILE
+    try:
+        initial = legacy.read_text().strip() or None
+    except OSError:
+        initial = None
+    url = database_url(settings)
+    migrate.ensure(url)
+    with session(engine=engine_for_url(url), write=True) as s:
+        return get_or_make(s, KEY_ID_SECRET_NAME, initial).encode()
 
 
 def _parse_entries(entries: Iterable[str], source: str) -> list[tuple[str | None, str]]:
