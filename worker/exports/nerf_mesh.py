@@ -68,6 +68,7 @@ def vertex_colors(model, verts: np.ndarray, normals: np.ndarray, offset: float) 
         step=model.step_size,
         cone_angle=model.cone_angle,
         max_samples=model.config.max_samples_per_ray,
+        alpha_threshold=model.config.alpha_threshold,
     )
     return (rgb / alpha.clamp_min(1e-3)[:, None]).clamp(0, 1).cpu().numpy()
 

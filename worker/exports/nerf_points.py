@@ -33,6 +33,7 @@ def nerf_point_cloud(model, dataset, n_points: int):
         step=model.step_size,
         cone_angle=model.cone_angle,
         max_samples=model.config.max_samples_per_ray,
+        alpha_threshold=model.config.alpha_threshold,
         max_step=model.max_step,
     )
     hit = (alpha >= MIN_OPACITY) & (depth > 0)
