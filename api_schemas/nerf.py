@@ -12,6 +12,11 @@ DEFAULT_TIME_LIMIT_S = {"cpu": 300.0, "cuda": 1200.0}
 # Samples per training step a job that sets no `samples_per_step` targets, by the worker's
 # device: instant-ngp's 2^18 on a GPU; a CPU step of that size would take seconds.
 DEFAULT_SAMPLES_PER_STEP = {"cpu": 1 << 16, "cuda": 1 << 18}
+# Cone angle (march steps grow as t * this) of a scene box larger than the unit cube when a job
+# sets none, by the worker's device: instant-ngp's 1/256 on a GPU; on a CPU, whose steps hold
+# 4x fewer samples, 1/64, which on the capture-like scene kept ~3x fewer samples a ray through
+# the room and so ~3x more rays a step, at the same seconds a step (docs/nerf.md).
+DEFAULT_CONE_ANGLE = {"cpu": 1.0 / 64.0, "cuda": 1.0 / 256.0}
 TIME_LIMIT_HELP = (
     "wall-time budget in seconds from the start of training, test-curve points, checkpoints and "
     "the final evaluation included (the job may end up to max(10 s, 5 %) later); default "
@@ -169,8 +174,10 @@ class NerfConfig(TrainingImages):
         None,
         ge=0,
         le=0.1,
-        description="march step grows as t * cone_angle; default (instant-ngp): 1/256 when the "
-        "scene box is larger than the unit cube (aabb half size > 1), else 0 (constant steps)",
+        description="march step grows as t * cone_angle; default when the scene box is larger "
+        "than the unit cube (aabb half size > 1): 1/64 on a CPU worker (fewer samples a ray "
+        "through a room, so more rays a step), 1/256 on a GPU (instant-ngp); else 0 (constant "
+        "steps)",
     )
     aabb_scale: int | None = Field(
         None, description="override the dataset's box half size (1, 2, 4, ... 128)"

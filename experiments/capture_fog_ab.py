@@ -13,7 +13,7 @@ quality-bar scene, 100x100, 60 + 10 views, Blender-like). Variants: the names in
 `name:key=value+key=value` with NerfConfig fields (JSON values).
 
     python -m experiments.capture_fog_ab --scene posed --width 90 --height 160 --steps 300 \\
-        --every 100 --threads 1 --variants base,alpha,dist
+        --every 100 --threads 1 --variants cone256,cone64,alpha,dist
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ from pathlib import Path
 import numpy as np
 
 VARIANTS: dict[str, dict] = {
-    "base": {},
+    "base": {},  # the defaults
+    "cone256": {"cone_angle": 1 / 256},  # instant-ngp's cone angle (the GPU default)
+    "cone64": {"cone_angle": 1 / 64},  # the CPU default for boxes past the unit cube
+    "steps256": {"max_samples_per_ray": 256},
     "alpha": {"alpha_threshold": 0.01},
     "dist": {"distortion_loss": 0.01},
     "alpha+dist": {"alpha_threshold": 0.01, "distortion_loss": 0.01},
@@ -105,7 +108,7 @@ def main(argv=None) -> int:
     ap.add_argument("--views", type=int, default=50)
     ap.add_argument("--width", type=int, default=90)
     ap.add_argument("--height", type=int, default=160)
-    ap.add_argument("--variants", default="base,alpha,dist,alpha+dist")
+    ap.add_argument("--variants", default="cone256,cone64,alpha,dist")
     a = ap.parse_args(argv)
 
     import torch

@@ -14,7 +14,13 @@ from kernels import OccupancyGrid, march_rays
 from worker.checkpoints import CheckpointManager
 from worker.nerf.model import NerfField
 from worker.nerf.rendering import render_rays
-from worker.nerf.trainer import NerfTrainer, grid_layout, max_march_step, occupancy_resolution
+from worker.nerf.trainer import (
+    NerfTrainer,
+    cone_angle,
+    grid_layout,
+    max_march_step,
+    occupancy_resolution,
+)
 
 CONFIG = dict(
     steps=4,
@@ -64,7 +70,12 @@ def test_the_trainer_puts_cascades_over_a_large_box_and_the_unit_box_keeps_its_c
     assert t.grid.n_cascades == 3 and t.grid.half == [1.0] * 3
     assert t.grid.outer_aabb == [-4.0] * 3 + [4.0] * 3
     assert t.step_size == pytest.approx(2 * math.sqrt(3) / CONFIG["max_samples_per_ray"])
-    assert t.config.cone_angle == pytest.approx(1 / 256)
+    # steps grow with distance in a large box: by the device's default (a CPU here)
+    assert t.config.cone_angle == pytest.approx(1 / 64)
+    assert cone_angle(NerfConfig(), 4.0, torch.device("cuda")) == pytest.approx(1 / 256)
+    assert cone_angle(NerfConfig(), 4.0) == pytest.approx(1 / 256)  # checkpoints without one
+    assert cone_angle(NerfConfig(), 1.0, torch.device("cpu")) == 0.0
+    assert cone_angle(NerfConfig(cone_angle=0.002), 4.0, torch.device("cpu")) == 0.002
     # the hash grid spans the whole box; its finest level keeps max_resolution per unit box
     assert t.field.aabb_half == 4.0
     _, meta = t.state()
@@ -152,7 +163,8 @@ def test_a_checkpoint_from_before_cascades_loads_and_renders(tmp_path):
     tensors = {k: v for k, v in tensors.items() if not k.startswith(("field.", "grid."))}
     tensors.update({f"field.{k}": v for k, v in old_field.state_dict().items()})
     tensors.update({f"grid.{k}": v for k, v in old_grid.state_dict().items()})
-    meta = {**meta, "state_format": 2, "step_size": 0.0135}
+    # and the cone angle its trainer resolved then (instant-ngp's, whatever the device)
+    meta = {**meta, "state_format": 2, "step_size": 0.0135, "cone_angle": 1 / 256}
     del meta["max_step"]
     meta["grid"] = {"resolution": 32, "n_cascades": 1, "n_updates": 1}
     manager = CheckpointManager(tmp_path / "checkpoints")

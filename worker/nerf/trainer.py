@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from api_schemas.nerf import DEFAULT_SAMPLES_PER_STEP, NerfConfig
+from api_schemas.nerf import DEFAULT_CONE_ANGLE, DEFAULT_SAMPLES_PER_STEP, NerfConfig
 from kernels import HashGridAdam, OccupancyGrid
 from worker.budget import device_type
 from worker.configs import config_dict
@@ -33,12 +33,16 @@ STATE_FORMAT = 3
 TABLE_LOG2_MIN, TABLE_LOG2_MAX = 14, 19
 
 
-def cone_angle(config: NerfConfig, half: float) -> float:
-    """The config's cone angle, or instant-ngp's default: 1/256 when the scene box is larger
-    than the unit cube (large, unbounded captures), constant steps otherwise."""
+def cone_angle(config: NerfConfig, half: float, device=None) -> float:
+    """The config's cone angle, or the default: constant steps in the unit box; in a larger box
+    (large, unbounded captures) steps growing with distance, by DEFAULT_CONE_ANGLE of the
+    device's type (instant-ngp's 1/256 without a device: what checkpoints whose meta has no
+    cone angle were trained with)."""
     if config.cone_angle is not None:
         return float(config.cone_angle)
-    return 1.0 / 256.0 if half > 1.0 else 0.0
+    if half <= 1.0:
+        return 0.0
+    return DEFAULT_CONE_ANGLE[device_type(device)] if device is not None else 1.0 / 256.0
 
 
 def table_log2(config: NerfConfig, meta: dict[str, Any]) -> int:
@@ -124,7 +128,7 @@ class NerfTrainer:
         # Defaults that depend on the scene, resolved once.
         self.config = config.model_copy(
             update={
-                "cone_angle": cone_angle(config, self.half),
+                "cone_angle": cone_angle(config, self.half, self.device),
                 "log2_hashmap_size": table_log2(config, meta),
                 "samples_per_step": samples_per_step(config, self.device),
                 "occupancy_resolution": occupancy_resolution(config, n_cascades, self.device),
