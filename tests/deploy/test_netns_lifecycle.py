@@ -105,7 +105,9 @@ class Cluster:
         pg = self.pg_url.replace("127.0.0.1:5432", f"{gw}:{self._forward(host, 5432)}")
         s3_port = int(self.bucket.endpoint.rsplit(":", 1)[1])
         home = self.root / name
-        env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "API_KEYS_FILE")}
+        # No KEY_ID_SECRET: the replicas must agree on key ids through the database alone.
+        unset = ("REDIS_URL", "API_KEYS_FILE", "KEY_ID_SECRET")
+        env = {k: v for k, v in os.environ.items() if k not in unset}
         env.update(self.bucket.env)
         env.update(
             {
@@ -115,8 +117,6 @@ class Cluster:
                 "REDIS_URL": f"redis://{gw}:{self._forward(host, self.redis_port)}/0",
                 "S3_ENDPOINT_URL": f"http://{gw}:{self._forward(host, s3_port)}",
                 "API_KEYS": f"test:{TEST_KEY}",
-                # The same on every replica (docs/deploy.md): key ids must agree across hosts.
-                "KEY_ID_SECRET": "netns-lifecycle-secret",
                 "QUOTA_ACTIVE_JOBS": "1000",
                 "QUOTA_JOBS_PER_HOUR": "100000",
                 "TORCH_THREADS": "1",
