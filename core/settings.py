@@ -170,7 +170,9 @@ class Settings(BaseSettings):
         30.0, ge=0, description="a queued job missing from the broker this long is re-sent"
     )
     stale_upload_s: float = Field(
-        3600.0, gt=0, description="an upload folder without job.json idle this long is removed"
+        3600.0,
+        gt=0,
+        description="an upload admitted but never completed (a reserved job) idle this long is removed",
     )
     broker_polling_interval_s: float = Field(0.2, gt=0, description="filesystem broker poll period")
     device: str | None = Field(

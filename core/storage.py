@@ -1,11 +1,10 @@
 """Where job files live: the `Storage` interface, `LocalStorage` (a directory, the default) and
 `get_storage`, which picks the backend STORAGE_URL names (S3: core/s3_storage.py). Also the
-checkpoint file layout and the atomic-write and flock helpers both sides use."""
+checkpoint file layout and the atomic-write helpers both sides use."""
 
 from __future__ import annotations
 
 import abc
-import fcntl
 import json
 import os
 import re
@@ -13,8 +12,6 @@ import shutil
 import stat
 import tempfile
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -31,18 +28,6 @@ class JobPaths:
     root: Path
 
     @property
-    def job_json(self) -> Path:
-        return self.root / "job.json"
-
-    @property
-    def lock(self) -> Path:
-        return self.root / ".lock"
-
-    @property
-    def cancel(self) -> Path:
-        return self.root / "cancel"
-
-    @property
     def upload(self) -> Path:
         return self.root / "upload"
 
@@ -57,10 +42,6 @@ class JobPaths:
     @property
     def artifacts(self) -> Path:
         return self.root / "artifacts"
-
-    @property
-    def events(self) -> Path:
-        return self.root / "events.jsonl"
 
     @property
     def exports(self) -> Path:
@@ -210,8 +191,8 @@ class Storage(abc.ABC):
     """A job's files, addressed by (job_id, key), key a relative POSIX path inside the job
     ("dataset/images/0001.png", "checkpoints/step-100.safetensors", "artifacts/mesh.glb").
 
-    Besides its files a job has a local state folder, `paths(job_id)` (job.json, events, owner,
-    locks: the parts the database takes over), always under DATA_DIR/jobs. Code that computes on
+    Besides its files a job has a local folder, `paths(job_id)`, always under DATA_DIR/jobs (its
+    state is in the database, core/store.py). Code that computes on
     files works in `work_dir(job_id)`: `pull` fills it from storage, `push` stores what was made
     there. `LocalStorage` keeps the files in the state folder itself, so work_dir is that folder
     and pull/push cost nothing; `S3Storage` (core/s3_storage.py) keeps them in a bucket and
@@ -230,11 +211,11 @@ class Storage(abc.ABC):
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
 
     def paths(self, job_id: str) -> JobPaths:
-        """The job's local state folder (job.json, events, owner, cancel flag, locks)."""
+        """The job's local folder under DATA_DIR/jobs."""
         return JobPaths(self.jobs_dir / parse_job_id(job_id))
 
     def new_job_dir(self) -> tuple[str, JobPaths]:
-        """A new job id with its state folder created."""
+        """A new job id with its local folder created."""
         self.ensure()
         job_id = str(uuid.uuid4())
         paths = self.paths(job_id)
@@ -244,17 +225,6 @@ class Storage(abc.ABC):
     def remove_job_dir(self, job_id: str) -> None:
         """The job's files and local folders removed (`delete_job`)."""
         self.delete_job(job_id)
-
-    def job_ids(self) -> Iterator[str]:
-        """Ids of the jobs whose state folder holds a job.json."""
-        if not self.jobs_dir.is_dir():
-            return
-        for entry in os.scandir(self.jobs_dir):
-            if entry.is_dir() and os.path.exists(os.path.join(entry.path, "job.json")):
-                try:
-                    yield parse_job_id(entry.name)
-                except ValueError:
-                    continue
 
     def writable(self) -> bool:
         """The state folders can be written (the readiness probe)."""
@@ -510,19 +480,3 @@ def without_paths(msg: str) -> str:
         return inside.group(1) if inside else ".../" + path.rstrip("/").rsplit("/", 1)[-1]
 
     return _ABS_PATH.sub(relative, msg)
-
-
-@contextmanager
-def flock(path: Path, blocking: bool = True) -> Iterator[bool]:
-    """An exclusive flock on `path` (created if missing) held for the block; yields False at once
-    instead of waiting when `blocking` is off and another process holds it."""
-    with open(path, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)

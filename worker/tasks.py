@@ -321,8 +321,8 @@ def _push_made_since(storage: Storage, job_id: str, folder, since: float) -> Non
 
 
 def _fail_when_possible(store: JobStore, job_id: str, error: str, max_wait_s: float = 3600) -> None:
-    """Mark the job failed. On a full disk that write fails too (job.json is replaced through a
-    new file): keep trying, with the lease still renewed, until space is back, so the job does
+    """Mark the job failed. On a full disk that write fails too (SQLite cannot grow its file, and
+    the error surfaces as ENOSPC): keep trying, with the lease still renewed, until space is back, so the job does
     not stay `running` with nobody training it."""
     delay, waited = 0.5, 0.0
     while True:
