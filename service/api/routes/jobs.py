@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import re
-import shutil
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from pydantic import ValidationError
 
 from api_schemas.jobs import Job, JobKind, JobList, JobStatus
 from core.metrics import quota_refused
 from core.settings import Settings
-from core.storage import JobPaths, Storage
+from core.storage import Storage
 from core.store import BadCursor, JobNotFound, JobStore, encode_cursor
 from service.api.deps import (
     GUARDS,
@@ -28,65 +24,17 @@ from service.api.deps import (
     job_id_param,
     load_job,
 )
+from service.api.job_intake import check_budget, discard, finish_intake, parse_config, safe_name
 from service.api.multipart import boundary_of, read_form
 from service.auth import ApiKey
 from service.intake import IntakeError
 from service.intake.registry import KINDS, available_kinds, get_kind
-from service.intake.sandbox import run_intake
 from service.queue import TaskQueue
 from service.quotas import QuotaExceeded
 from service.webhooks import admit_callback
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=GUARDS)
-
-
-def _validation_detail(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "config"
-        parts.append(f"{loc}: {err['msg']}")
-    return "invalid config: " + "; ".join(parts)
-
-
-def _parse_config(spec, raw: str | None) -> dict[str, Any]:
-    if raw is None or raw.strip() == "":
-        data: Any = {}
-    else:
-        try:
-            data = json.loads(raw)
-        except ValueError as exc:
-            raise HTTPException(422, f"config is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise HTTPException(422, "config must be a JSON object")
-    try:
-        return spec.config_model.model_validate(data).model_dump(mode="json")
-    except ValidationError as exc:
-        raise HTTPException(422, _validation_detail(exc)) from None
-
-
-def _check_budget(cfg: dict[str, Any], settings: Settings) -> None:
-    steps = cfg.get("steps")
-    if isinstance(steps, int) and steps > settings.max_train_steps:
-        raise HTTPException(
-            422,
-            f"config.steps: {steps} is over the training ceiling of {settings.max_train_steps} "
-            f"(MAX_TRAIN_STEPS)",
-        )
-    limit = cfg.get("time_limit_s")
-    if isinstance(limit, int | float) and limit > settings.max_train_s:
-        raise HTTPException(
-            422,
-            f"config.time_limit_s: {limit:g} is over the training ceiling of "
-            f"{settings.max_train_s:g} s (MAX_TRAIN_S)",
-        )
-
-
-def _safe_name(filename: str | None) -> str:
-    base = re.sub(
-        r"[^A-Za-z0-9._-]", "_", (filename or "upload").rsplit("/", 1)[-1].rsplit("\\", 1)[-1]
-    )
-    return base.lstrip(".")[:120] or "upload"
 
 
 UPLOAD_BODY = {
@@ -120,43 +68,6 @@ UPLOAD_BODY = {
         },
     }
 }
-
-
-def _finish_intake(
-    spec,
-    cfg: dict,
-    upload,
-    job_id: str,
-    work: JobPaths,
-    storage: Storage,
-    store: JobStore,
-    settings: Settings,
-) -> Job:
-    # Parsing the upload happens in a limited child process, never in this one, on the local
-    # working copy; what it wrote (dataset/, capture/) is stored before the job exists.
-    effective, info = run_intake(
-        spec.name, upload.path, upload.filename or upload.path.name, cfg, work.root, settings
-    )
-    shutil.rmtree(work.upload, ignore_errors=True)
-    _store_intake(storage, job_id, work)
-    return store.create(job_id, spec.name, effective, info)
-
-
-def _store_intake(storage: Storage, job_id: str, work: JobPaths) -> None:
-    """Push the intake's output folders and files to storage (a no-op for local storage, where
-    the working copy is the job's folder), then drop the API's working copy."""
-    for entry in sorted(work.root.iterdir()):
-        if not entry.name.startswith(".") and not entry.is_symlink():
-            storage.push(job_id, entry.name)
-    storage.evict(job_id)
-
-
-def _discard(store: JobStore, storage: Storage, job_id: str) -> None:
-    """Undo an admission: the job's row (reserved or made) and its files."""
-    try:
-        store.delete(job_id)
-    finally:
-        storage.delete_job(job_id)
 
 
 @router.post(
@@ -204,7 +115,7 @@ async def create_job(
         work = storage.work_dir(job_id)
         work.upload.mkdir(parents=True)
         form = await read_form(
-            request, lambda _field, name: work.upload / _safe_name(name), limit, limit_name
+            request, lambda _field, name: work.upload / safe_name(name), limit, limit_name
         )
         kind = form.fields.get("kind")
         if not kind:
@@ -214,8 +125,8 @@ async def create_job(
             raise IntakeError(
                 422, f"unknown kind {kind!r}; available: {', '.join(available_kinds()) or 'none'}"
             )
-        cfg = _parse_config(spec, form.fields.get("config"))
-        _check_budget(cfg, settings)
+        cfg = parse_config(spec, form.fields.get("config"))
+        check_budget(cfg, settings)
         callback = (form.fields.get("callback_url") or "").strip()
         if callback:
             await run_in_threadpool(admit_callback, callback, key, paths, storage, settings)
@@ -223,25 +134,25 @@ async def create_job(
         if upload is None:
             raise IntakeError(422, "form field `dataset` (a file) is required")
         job = await run_in_threadpool(
-            _finish_intake, spec, cfg, upload, job_id, work, storage, store, settings
+            finish_intake, spec, cfg, upload, job_id, work, storage, store, settings
         )
         # What the job stores, charged under the key's lock: parallel uploads share the room.
         await run_in_threadpool(request.app.state.quotas.charge, key, job_id)
     except IntakeError as exc:
-        _discard(store, storage, job_id)
+        discard(store, storage, job_id)
         raise HTTPException(exc.status_code, exc.detail) from None
     except QuotaExceeded as exc:
-        _discard(store, storage, job_id)
+        discard(store, storage, job_id)
         quota_refused(exc.detail)
         raise HTTPException(exc.status_code, exc.detail) from None
     except BaseException:
-        _discard(store, storage, job_id)
+        discard(store, storage, job_id)
         raise
     try:
         await run_in_threadpool(queue.send_first, job)
     except Exception as exc:
         log.exception("could not enqueue job %s", job_id)
-        _discard(store, storage, job_id)
+        discard(store, storage, job_id)
         raise HTTPException(503, f"the job queue is unavailable ({type(exc).__name__})") from None
     return job
 

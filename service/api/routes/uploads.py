@@ -39,14 +39,8 @@ from service.api.deps import (
     get_store,
     job_id_param,
 )
+from service.api.job_intake import check_budget, discard, finish_intake, parse_config, safe_name
 from service.api.multipart import UploadedFile
-from service.api.routes.jobs import (
-    _check_budget,
-    _discard,
-    _finish_intake,
-    _parse_config,
-    _safe_name,
-)
 from service.auth import ApiKey
 from service.intake import IntakeError
 from service.intake.registry import available_kinds, get_kind
@@ -101,8 +95,8 @@ async def start_upload(
         raise HTTPException(
             422, f"unknown kind {req.kind!r}; available: {', '.join(available_kinds()) or 'none'}"
         )
-    cfg = _parse_config(spec, json.dumps(req.config))
-    _check_budget(cfg, settings)
+    cfg = parse_config(spec, json.dumps(req.config))
+    check_budget(cfg, settings)
     if req.size > settings.max_upload_bytes:
         raise HTTPException(
             413,
@@ -115,7 +109,7 @@ async def start_upload(
         if exc.status_code in (413, 429):
             quota_refused(exc.detail)
         raise HTTPException(exc.status_code, exc.detail, headers=exc.headers) from None
-    name = _safe_name(req.filename)
+    name = safe_name(req.filename)
     expires = int(settings.stale_upload_s)
 
     def begin():
@@ -143,10 +137,10 @@ async def start_upload(
     try:
         up = await run_in_threadpool(begin)
     except IntakeError as exc:
-        await run_in_threadpool(_discard, store, storage, job_id)
+        await run_in_threadpool(discard, store, storage, job_id)
         raise HTTPException(exc.status_code, exc.detail) from None
     except BaseException:
-        await run_in_threadpool(_discard, store, storage, job_id)
+        await run_in_threadpool(discard, store, storage, job_id)
         raise
     return Upload(
         id=job_id,
@@ -188,7 +182,7 @@ def _complete(
     storage.delete(job_id, STATE_KEY)
     spec = get_kind(state["kind"])
     upload = UploadedFile("dataset", state["filename"], dest)
-    return _finish_intake(spec, state["config"], upload, job_id, work, storage, store, settings)
+    return finish_intake(spec, state["config"], upload, job_id, work, storage, store, settings)
 
 
 class _Incomplete(Exception):
@@ -252,20 +246,20 @@ async def _complete_once(
         # Another request completed or cancelled it meanwhile: that one owns the job now.
         raise _no_upload(job_id) from None
     except IntakeError as exc:
-        await run_in_threadpool(_discard, store, storage, job_id)
+        await run_in_threadpool(discard, store, storage, job_id)
         raise HTTPException(exc.status_code, exc.detail) from None
     except QuotaExceeded as exc:
-        await run_in_threadpool(_discard, store, storage, job_id)
+        await run_in_threadpool(discard, store, storage, job_id)
         quota_refused(exc.detail)
         raise HTTPException(exc.status_code, exc.detail) from None
     except BaseException:
-        await run_in_threadpool(_discard, store, storage, job_id)
+        await run_in_threadpool(discard, store, storage, job_id)
         raise
     try:
         await run_in_threadpool(queue.send_first, job)
     except Exception as exc:
         log.exception("could not enqueue job %s", job_id)
-        await run_in_threadpool(_discard, store, storage, job_id)
+        await run_in_threadpool(discard, store, storage, job_id)
         raise HTTPException(503, f"the job queue is unavailable ({type(exc).__name__})") from None
     return job
 
@@ -282,5 +276,5 @@ def cancel_upload(
 ) -> Response:
     job_id = job_id_param(job_id)
     _state(storage, job_id)
-    _discard(store, storage, job_id)
+    discard(store, storage, job_id)
     return Response(status_code=204)

@@ -21,8 +21,8 @@ from service.intake.scene.images import ImageInfo, inspect_image, resolve_intrin
 
 
 def effective_config(model: type[BaseModel], config: dict[str, Any] | None) -> BaseModel:
-    """The job config as a model. The API validated it already (service/api/routes/jobs.py
-    `_parse_config`, the one validation); keys a direct caller leaves out take their defaults."""
+    """The job config as a model. The API validated it already (service.api.job_intake
+    `parse_config`, the one validation); keys a direct caller leaves out take their defaults."""
     return model.model_construct(**(config or {}))
 
 
