@@ -2,9 +2,11 @@
 
 On PostgreSQL the JobStore sends `NOTIFY nf_job_events, '<job id>'` in the transaction that
 inserts an event; one thread per API process LISTENs on a dedicated connection and wakes the
-streams of that job. Elsewhere (the SQLite embedded default: one host, one file) streams re-read
-the database on a short timer. Either way a wake-up only means "read again": the events table
-stays the source of truth, so a missed notification costs latency, never an event.
+streams of that job. SQLite (the embedded default) has no notifications: one task per API
+process reads the `last_seq` of every job some stream follows, in one indexed query every
+`SQLITE_POLL_S`, and wakes the streams of the jobs whose seq moved, so the database is read
+once per period however many streams are open. Either way a wake-up only means "read again":
+the events table stays the source of truth, so a missed wake-up costs latency, never an event.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "nf_job_events"  # core/store.py notifies on it
+SQLITE_POLL_S = 0.2
 
 
 class Subscription:
@@ -120,8 +124,69 @@ class PgEventWaker(EventWaker):
                 self._stop.wait(1.0)
 
 
+class SqlitePollWaker(EventWaker):
+    """One poll of the followed jobs' `last_seq` per period for the whole process."""
+
+    notifying = True
+
+    def __init__(self, url: str, period_s: float = SQLITE_POLL_S):
+        self.url, self.period_s = url, period_s
+        self._subs: dict[str, set[Subscription]] = {}
+        self._seqs: dict[str, int | None] = {}
+        self._task: asyncio.Task | None = None
+
+    @asynccontextmanager
+    async def subscribe(self, job_id: str) -> AsyncIterator[Subscription]:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._poll())
+        sub = Subscription()
+        self._subs.setdefault(job_id, set()).add(sub)
+        try:
+            yield sub
+        finally:
+            subs = self._subs.get(job_id)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self._subs[job_id]
+                    self._seqs.pop(job_id, None)
+
+    def _read(self, job_ids: list[str]) -> dict[str, int]:
+        from core.db.engine import engine_for_url, session
+        from core.db.jobs import JobRow
+
+        with session(engine=engine_for_url(self.url)) as s:
+            rows = s.execute(select(JobRow.id, JobRow.last_seq).where(JobRow.id.in_(job_ids)))
+            return {job_id: seq for job_id, seq in rows}
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.period_s)
+            followed = list(self._subs)
+            if not followed:
+                continue
+            try:
+                seqs = await asyncio.to_thread(self._read, followed)
+            except Exception as exc:  # a locked or vanished file: try again next period
+                log.warning("event poll: %s", type(exc).__name__)
+                continue
+            for job_id in followed:
+                seq = seqs.get(job_id)  # None: deleted, which its streams must see too
+                # A job seen for the first time wakes its streams too: an event may have landed
+                # between a stream's read and this poll (one extra read, never a missed event).
+                if self._seqs.get(job_id, -1) != seq:
+                    for sub in self._subs.get(job_id, ()):
+                        sub.flag.set()
+                if job_id in self._subs:
+                    self._seqs[job_id] = seq
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
 def make_waker(url: str) -> EventWaker:
     """The waker for the database at `url`."""
     if make_url(url).get_backend_name() == "postgresql":
         return PgEventWaker(url)
-    return EventWaker()
+    return SqlitePollWaker(url)

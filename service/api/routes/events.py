@@ -4,9 +4,10 @@ The table is the source of truth (core/store.py inserts each event in the transa
 changes the job, numbered by a per-job seq), so any number of API processes can serve streams
 and a reconnect replays from any id. Events and the job are read in one transaction: a terminal
 job's status event is always among the events read or before them, so `end` follows it at once.
-Streams sleep between reads until the database says the job changed (PostgreSQL LISTEN/NOTIFY,
-core/db/notify.py) or, on SQLite, for a short poll. A producer that goes quiet for a second
-still yields a progress event, so clients can rely on the cadence.
+Streams sleep between reads until the database says the job changed (core/db/notify.py:
+PostgreSQL LISTEN/NOTIFY, or on SQLite one poll of the followed jobs per API process). A
+producer that goes quiet for a second still yields a progress event, so clients can rely on the
+cadence.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["events"], dependencies=JOB_GUARDS)
 
-POLL_S = 0.2  # re-read period without notifications (SQLite)
+POLL_S = 0.2  # re-read period with a waker that does not notify
 # Re-read period with notifications: only a safety net (a notification lost in a reconnect).
 IDLE_S = 5.0
 # Longest silence while running before a progress event is re-sent from the job.
