@@ -376,6 +376,11 @@ class S3Storage(Storage):
 
     def evict(self, job_id: str) -> None:
         shutil.rmtree(self.work_dir(job_id).root, ignore_errors=True)
+        # The job's local folder (made at admission) holds nothing once its files are stored.
+        try:
+            self.paths(job_id).root.rmdir()
+        except OSError:
+            pass
 
 
 _CACHE: dict[tuple, S3Storage] = {}

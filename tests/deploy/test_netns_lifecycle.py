@@ -460,6 +460,8 @@ def test_lifecycle_on_hosts_sharing_no_directory(cluster: Cluster):
     # no file on the replicas' hosts; on the workers' hosts, files in their scratch alone
     for name in ("api-a", "api-b"):
         assert not _files(cluster.root / name), (name, _files(cluster.root / name))
+        # nor a folder of the job: the intake's working copy went once its output was stored
+        assert not list((cluster.root / name).rglob(job_id)), name
     for name in ("worker-1", "worker-2"):
         scratch = cluster.root / name / "scratch"
         outside = [p for p in _files(cluster.root / name) if not p.is_relative_to(scratch)]
