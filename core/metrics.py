@@ -11,9 +11,11 @@ time from the job store and the broker instead.
 
 from __future__ import annotations
 
+import hmac
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -129,6 +131,39 @@ def exposition(*collectors) -> tuple[bytes, str]:
     for c in collectors:
         registry.register(c)
     return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def serve(host: str, port: int, token: str | None = None) -> threading.Thread:
+    """Answer GET /metrics on (host, port) from a daemon thread with `exposition()`: a worker
+    host's samples, where the API's /metrics cannot read them. With `token`, a request needs
+    `Authorization: Bearer <token>` (else 401), as the API's does."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self.path.split("?", 1)[0] != "/metrics":
+                self.send_error(404)
+                return
+            given = self.headers.get("Authorization", "")
+            if token and not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", "Bearer")
+                self.end_headers()
+                return
+            body, content_type = exposition()
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:  # scrapes every few seconds: not worth a line
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    thread = threading.Thread(target=server.serve_forever, name="nf-metrics", daemon=True)
+    thread.start()
+    return thread
 
 
 class _Default:

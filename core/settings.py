@@ -233,6 +233,17 @@ class Settings(BaseSettings):
     metrics_token: str | None = Field(
         None, repr=False, description="set: GET /metrics wants `Authorization: Bearer <it>`"
     )
+    worker_metrics_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="set: a worker answers GET /metrics on this port with its host's samples "
+        "(PROMETHEUS_MULTIPROC_DIR), for worker hosts the API's /metrics cannot see; "
+        "METRICS_TOKEN applies",
+    )
+    worker_metrics_host: str = Field(
+        "0.0.0.0", description="address the worker's /metrics listens on (WORKER_METRICS_PORT)"
+    )
     log_format: Literal["text", "json"] = Field(
         "text", description="json: one JSON object per log line, with the request id"
     )

@@ -1,6 +1,6 @@
 """The worker's side of logs and metrics: JSON log lines (LOG_FORMAT=json) carrying the request
-id the API put in the task's headers, and a heartbeat gauge per worker (core/logs.py,
-core/metrics.py)."""
+id the API put in the task's headers, a heartbeat gauge per worker, and with
+WORKER_METRICS_PORT the host's samples on /metrics (core/logs.py, core/metrics.py)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,18 @@ def _task_request_id(task_id=None, task=None, **_):
 @task_postrun.connect
 def _task_done(**_):
     REQUEST_ID.set(None)
+
+
+@worker_ready.connect
+def _serve_metrics(**_):
+    settings = get_settings()
+    if settings.worker_metrics_port:
+        metrics.serve(
+            settings.worker_metrics_host, settings.worker_metrics_port, settings.metrics_token
+        )
+        log.info(
+            "metrics on %s:%d/metrics", settings.worker_metrics_host, settings.worker_metrics_port
+        )
 
 
 @worker_ready.connect
