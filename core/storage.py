@@ -47,11 +47,6 @@ class JobPaths:
     def exports(self) -> Path:
         return self.root / "exports"
 
-    @property
-    def renders(self) -> Path:
-        """Path jobs' state files (core/path_jobs.py)."""
-        return self.root / "renders"
-
 
 # -- the checkpoint file layout (`<job>/checkpoints/`) ----------------------------------------
 # step-<n>.safetensors (tensors) + step-<n>.json (meta, written first: tensors without meta are
@@ -114,7 +109,8 @@ def stored_checkpoints(storage: Storage, job_id: str) -> list[tuple[int, int]]:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Readers see the old file or the new one, never half of it."""
+    """Readers see the old file or the new one, never half of it; once it returns, the new one
+    survives a power cut (the file, then its folder's entry, are fsynced)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -129,6 +125,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

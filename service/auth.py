@@ -39,7 +39,7 @@ class KeyConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ApiKey:
-    id: str  # what job folders record as their owner
+    id: str  # what the jobs table records as a job's owner
     name: str  # for logs and the UI; not secret
 
     def __repr__(self) -> str:  # never show anything derived from the token but the id

@@ -599,8 +599,8 @@ def render_path(self, job_id: str, request: dict[str, Any]) -> dict[str, Any] | 
 # -- exports -------------------------------------------------------------------------------
 @app.task(name=ExportTask.name, ignore_result=True, acks_late=True)
 def export(job_id: str, export_id: str) -> None:
-    # State lives in <job>/exports/<id>.json (worker/exports), so a redelivery after a crash
-    # simply runs the export again.
+    # State is the export's row, run under its lease (core/exports.py), so a redelivery after a
+    # crash runs the export again, and one whose workers keep dying fails at MAX_WORKER_LOSSES.
     from worker.exports import execute
 
     task = ExportTask(job_id=job_id, export_id=export_id)
