@@ -31,7 +31,7 @@ from api_schemas.tasks import (
 )
 from core import leases, metrics, usage, webhooks
 from core.celery_config import PREPROCESS_QUEUE, TRAIN_QUEUE, send
-from core.db.leases import TRAIN
+from core.db.leases import SFM, TRAIN
 from core.process import set_parent_death_signal
 from core.scene_format import CAMERAS_FILE
 from core.settings import get_settings
@@ -213,10 +213,20 @@ def preprocess(job_id: str) -> None:
                     progress,
                     metrics.stage_timer(job.kind.value, "sfm"),
                     work_dir(store.storage, job_id) as work,
+                    # Counts this run as a delivery of the capture's SfM: one that ends with
+                    # its worker dead is a loss the next run sees, on any host.
+                    leases.held(
+                        settings, SFM, job_id, settings.lease_ttl_s, job_id=job_id
+                    ) as delivery,
                 ):
                     store.storage.pull(job_id, f"{sfm_stage.CAPTURE_DIR}/")
                     summary = sfm_stage.run(
-                        job, work, settings, progress, CancelFlag(store, job_id)
+                        job,
+                        work,
+                        settings,
+                        progress,
+                        CancelFlag(store, job_id),
+                        deaths=delivery.losses if delivery is not None else 0,
                     )
                     sfm_stage.publish(store.storage, job_id)
             except sfm_stage.SfmCancelled:

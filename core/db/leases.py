@@ -17,15 +17,16 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from core.db.base import Base, UtcDateTime
 
-# Lease kinds (the `kind` column).
-TRAIN, EXPORT, RENDER, REAPER = "train", "export", "render", "reaper"
+# Lease kinds (the `kind` column). SFM counts the SfM runs of a capture (its deliveries and the
+# workers they lost); the run itself holds the job's TRAIN lease.
+TRAIN, EXPORT, RENDER, REAPER, SFM = "train", "export", "render", "reaper", "sfm"
 
 
 class Lease(Base):
     __tablename__ = "leases"
 
     kind: Mapped[str] = mapped_column(String(16), primary_key=True)
-    # train: the job id; export: "<job id>/<export id>"; render: the render id.
+    # train, sfm: the job id; export: "<job id>/<export id>"; render: the render id.
     subject: Mapped[str] = mapped_column(String(80), primary_key=True)
     job_id: Mapped[str | None] = mapped_column(String(36), index=True)
     holder: Mapped[str | None] = mapped_column(String(255))

@@ -167,17 +167,31 @@ def test_make_run_serves_the_preprocess_queue():
 
 
 def test_a_capture_that_keeps_killing_its_worker_fails(stack_factory):
-    """Each SfM run leaves a mark that only a run that ends (well or not) removes; a capture
-    whose runs took the worker process down MAX_ATTEMPTS times (as planted here: COLMAP aborts
-    on some inputs, the OOM killer on others) fails instead of being redelivered for ever."""
-    from worker.sfm.stage import ATTEMPTS_FILE, MAX_ATTEMPTS
+    """Each SfM run is a counted delivery on the job's SFM lease, ended only by a run that ends
+    (well or not); a capture whose runs took the worker process down MAX_ATTEMPTS times (as
+    planted here: COLMAP aborts on some inputs, the OOM killer on others) fails instead of being
+    redelivered for ever, whichever host runs it next."""
+    from sqlalchemy import select
+
+    from core.db.engine import session
+    from core.db.leases import SFM, Lease
+    from core.leases import locked
+    from worker.sfm.stage import MAX_ATTEMPTS
 
     fresh = stack_factory(queues=None)
     r = fresh.submit(_zip(_noise(8)), "photos.zip", kind="nerf")
     assert r.status_code == 202, r.text
     job_id = r.json()["id"]
-    (fresh.job_dir(job_id) / ATTEMPTS_FILE).write_text(str(MAX_ATTEMPTS))
+    store = fresh.store()
+    # MAX_ATTEMPTS - 1 deaths counted, and a run open that never ended: the next is the last
+    with session(engine=store.engine, write=True) as s:
+        row = locked(s, SFM, job_id, job_id)
+        row.deliveries, row.losses, row.open = MAX_ATTEMPTS, MAX_ATTEMPTS - 1, True
     fresh.start_worker("preprocess")
     job = fresh.wait_status(job_id, "failed", "succeeded", "cancelled", timeout=60)
     assert job["status"] == "failed" and f"{MAX_ATTEMPTS} times" in job["error"], job
-    assert not (fresh.job_dir(job_id) / ATTEMPTS_FILE).exists()
+    with session(engine=store.engine) as s:
+        row = s.execute(
+            select(Lease).where(Lease.kind == SFM, Lease.subject == job_id)
+        ).scalar_one()
+        assert row.losses == MAX_ATTEMPTS and not row.open and row.holder is None

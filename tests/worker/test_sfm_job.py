@@ -157,4 +157,4 @@ def test_video_registers_and_seeds_a_splat_with_sfm_points(stack, capture, jobs)
 def test_nothing_but_the_job_is_left(stack, jobs):
     for job in jobs.values():
         names = {p.name for p in stack.job_dir(job["id"]).iterdir()}
-        assert not names & {"capture", "sfm", "dataset.partial", "upload", ".sfm_attempts"}, names
+        assert not names & {"capture", "sfm", "dataset.partial", "upload"}, names

@@ -39,7 +39,10 @@ UNREGISTERED_LISTED = 20
 EXIF_ORIENTATION = 0x0112  # 1: stored upright; 2-8: turned and/or mirrored
 # A capture whose SfM took its worker process down this many times (COLMAP aborts on some
 # inputs, the OOM killer on others) fails instead of being redelivered for ever.
-ATTEMPTS_FILE, MAX_ATTEMPTS = ".sfm_attempts", 3
+# SfM runs of one capture that may end with their worker dead (killed, out of memory, COLMAP
+# aborting) before the job fails instead of being delivered again; counted on the job's SFM
+# lease (core/leases.py), so every host sees the same count.
+MAX_ATTEMPTS = 3
 # Kinds whose rasteriser takes pinhole cameras only: their images are undistorted by COLMAP
 # (as the 3DGS reference does); nerf keeps the distortion and bends its rays instead.
 PINHOLE_ONLY_KINDS = ("splat",)
@@ -184,24 +187,21 @@ def choose_mapper(setting: str, n_images: int, global_min_images: int) -> str:
     return "global" if n_images >= global_min_images else "incremental"
 
 
-def run(job, paths, settings, progress, cancelled) -> dict[str, Any]:
+def run(job, paths, settings, progress, cancelled, deaths: int = 0) -> dict[str, Any]:
     """Run SfM on the job's capture and write its dataset; returns the dataset summary fields
-    to merge into job.dataset. Raises StageError (readable) or SfmCancelled."""
+    to merge into job.dataset. `deaths`: earlier runs on this capture that took their worker
+    down. Raises StageError (readable) or SfmCancelled."""
     from core.scene_build import SceneFrame, write_scene
     from worker.sfm.camera import choose_model, intrinsics
     from worker.sfm.colmap import SfmOptions, run_sfm, undistort
     from worker.sfm.video import VideoError, extract_frames
 
     cap = read_capture(paths)
-    attempts = paths.root / ATTEMPTS_FILE
-    n = int(attempts.read_text() or 0) if attempts.is_file() else 0
-    if n >= MAX_ATTEMPTS:
-        attempts.unlink()
+    if deaths >= MAX_ATTEMPTS:
         raise StageError(
-            f"SfM ended its worker process {n} times on this capture (killed, or out of "
+            f"SfM ended its worker process {deaths} times on this capture (killed, or out of "
             "memory); try fewer or smaller photos, or a lower SFM_MAX_IMAGE_SIZE"
         )
-    attempts.write_text(str(n + 1))  # stays behind only when this process dies mid-run
     work = paths.root / WORK_DIR
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -356,7 +356,6 @@ def run(job, paths, settings, progress, cancelled) -> dict[str, Any]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(partial, ignore_errors=True)
-        attempts.unlink(missing_ok=True)
     shutil.rmtree(paths.root / CAPTURE_DIR, ignore_errors=True)
     registered = {r.name for r in result.registered}
     splits = [f["split"] for f in meta["frames"]]
