@@ -26,9 +26,12 @@ from experiments.capture_scene import capture_files, zip_bytes
 RUNS = "nerf:posed,nerf:unposed,nerf:object,splat:posed,splat:unposed"
 
 
-def run_job(stack, kind: str, data: bytes, budget: float, timeout: float) -> dict:
+def run_job(
+    stack, kind: str, data: bytes, budget: float, timeout: float, extra: dict | None = None
+) -> dict:
     t0 = time.monotonic()
-    r = stack.submit(data, "capture.zip", kind=kind, config={"time_limit_s": budget})
+    config = {**(extra or {}), "time_limit_s": budget}
+    r = stack.submit(data, "capture.zip", kind=kind, config=config)
     r.raise_for_status()
     job_id = r.json()["id"]
     spr: list[float] = []
@@ -108,6 +111,12 @@ def main(argv=None) -> None:
     ap.add_argument("--views", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2, help="TORCH_THREADS of the worker")
     ap.add_argument("--json-out", type=Path)
+    ap.add_argument(
+        "--nerf-config",
+        type=json.loads,
+        default=None,
+        help="JSON config fields added to the nerf jobs' (e.g. '{\"max_samples_per_ray\": 256}')",
+    )
     a = ap.parse_args(argv)
 
     import tests.support.stack as stack_mod
@@ -135,7 +144,14 @@ def main(argv=None) -> None:
             print(HEADER, flush=True)
             for spec in a.runs.split(","):
                 kind, upload = spec.split(":")
-                job = run_job(stack, kind, uploads[upload], a.budget, timeout=4 * a.budget + 900)
+                job = run_job(
+                    stack,
+                    kind,
+                    uploads[upload],
+                    a.budget,
+                    timeout=4 * a.budget + 900,
+                    extra=a.nerf_config if kind == "nerf" else None,
+                )
                 r = row(label, kind, upload, a.budget, job)
                 rows.append(r)
                 print(fmt(r), flush=True)
