@@ -132,6 +132,19 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         os.close(folder)
 
 
+def _atomic_copy(src: Path, dest: Path) -> None:
+    """Copy `src` to `dest` so readers see the old file or the whole new one."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=1, default=str).encode())
 
@@ -358,15 +371,7 @@ class LocalStorage(Storage):
         dest = self._file(job_id, key)
         if dest.exists() and os.path.samefile(src, dest):
             return
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        _atomic_copy(src, dest)
 
     def put_bytes(self, job_id: str, key: str, data: bytes) -> None:
         atomic_write_bytes(self._file(job_id, key), data)
@@ -379,15 +384,7 @@ class LocalStorage(Storage):
         dest = Path(dest)
         if dest.exists() and os.path.samefile(src, dest):
             return
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        _atomic_copy(src, dest)
 
     def open_read(self, job_id: str, key: str) -> BinaryIO:
         return open(self._readable(job_id, key), "rb")

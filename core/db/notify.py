@@ -58,22 +58,23 @@ class EventWaker:
         pass
 
 
-class PgEventWaker(EventWaker):
-    """LISTEN on PostgreSQL; a notification sets the flags of the job's subscriptions."""
+class _Subscribers(EventWaker):
+    """The streams that follow each job, woken by a subclass's `_wake(job_id)`."""
 
     notifying = True
 
-    def __init__(self, url: str):
-        self.dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    def __init__(self) -> None:
         self._subs: dict[str, set[Subscription]] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+
+    def _started(self) -> None:
+        """Start the wake-up source, on the first subscription (on the running loop)."""
+
+    def _unfollowed(self, job_id: str) -> None:
+        """The last stream of `job_id` ended."""
 
     @asynccontextmanager
     async def subscribe(self, job_id: str) -> AsyncIterator[Subscription]:
-        self._start(asyncio.get_running_loop())
+        self._started()
         sub = Subscription()
         self._subs.setdefault(job_id, set()).add(sub)
         try:
@@ -84,6 +85,26 @@ class PgEventWaker(EventWaker):
                 subs.discard(sub)
                 if not subs:
                     del self._subs[job_id]
+                    self._unfollowed(job_id)
+
+    def _wake(self, job_id: str) -> None:  # on the event loop
+        for sub in self._subs.get(job_id, ()):
+            sub.flag.set()
+
+
+class PgEventWaker(_Subscribers):
+    """LISTEN on PostgreSQL; a notification sets the flags of the job's subscriptions."""
+
+    def __init__(self, url: str):
+        super().__init__()
+        self.dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _started(self) -> None:
+        self._start(asyncio.get_running_loop())
 
     def close(self) -> None:
         self._stop.set()
@@ -95,10 +116,6 @@ class PgEventWaker(EventWaker):
             self._loop = loop
             self._thread = threading.Thread(target=self._listen, name="nf-listen", daemon=True)
             self._thread.start()
-
-    def _wake(self, job_id: str) -> None:  # on the event loop
-        for sub in self._subs.get(job_id, ()):
-            sub.flag.set()
 
     def _wake_all(self) -> None:  # on the event loop: after a reconnect, anything may have moved
         for subs in self._subs.values():
@@ -124,32 +141,21 @@ class PgEventWaker(EventWaker):
                 self._stop.wait(1.0)
 
 
-class SqlitePollWaker(EventWaker):
+class SqlitePollWaker(_Subscribers):
     """One poll of the followed jobs' `last_seq` per period for the whole process."""
 
-    notifying = True
-
     def __init__(self, url: str, period_s: float = SQLITE_POLL_S):
+        super().__init__()
         self.url, self.period_s = url, period_s
-        self._subs: dict[str, set[Subscription]] = {}
         self._seqs: dict[str, int | None] = {}
         self._task: asyncio.Task | None = None
 
-    @asynccontextmanager
-    async def subscribe(self, job_id: str) -> AsyncIterator[Subscription]:
+    def _started(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._poll())
-        sub = Subscription()
-        self._subs.setdefault(job_id, set()).add(sub)
-        try:
-            yield sub
-        finally:
-            subs = self._subs.get(job_id)
-            if subs is not None:
-                subs.discard(sub)
-                if not subs:
-                    del self._subs[job_id]
-                    self._seqs.pop(job_id, None)
+
+    def _unfollowed(self, job_id: str) -> None:
+        self._seqs.pop(job_id, None)
 
     def _read(self, job_ids: list[str]) -> dict[str, int]:
         from core.db.engine import engine_for_url, session
@@ -175,8 +181,7 @@ class SqlitePollWaker(EventWaker):
                 # A job seen for the first time wakes its streams too: an event may have landed
                 # between a stream's read and this poll (one extra read, never a missed event).
                 if self._seqs.get(job_id, -1) != seq:
-                    for sub in self._subs.get(job_id, ()):
-                        sub.flag.set()
+                    self._wake(job_id)
                 if job_id in self._subs:
                     self._seqs[job_id] = seq
 
