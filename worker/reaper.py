@@ -127,6 +127,23 @@ def _skip_locked(q, *of):
     return q.with_for_update(skip_locked=True, of=of or None)
 
 
+def _unfinished(s, row_type, grace):
+    """Rows of `row_type` (exports, render jobs) of existing jobs that run, or wait in the queue
+    since before `grace`: few whatever the number of finished ones (status index), locked for
+    this round (rows another round holds are skipped)."""
+    q = (
+        select(row_type)
+        .join(JobRow, JobRow.id == row_type.job_id)  # not of deleted jobs
+        .where(
+            or_(
+                row_type.status == "running",
+                and_(row_type.status == "queued", row_type.updated_at < grace),
+            )
+        )
+    )
+    return s.execute(_skip_locked(q, row_type)).scalars().all()
+
+
 def _first_task(row: JobRow):
     if (row.dataset or {}).get("sfm") == "pending":
         return PreprocessTask(job_id=row.id), PREPROCESS_QUEUE
@@ -200,23 +217,7 @@ def stranded_exports(settings, in_broker: set[str] | None) -> list[Resend]:
     grace = now - timedelta(seconds=settings.queued_grace_s)
     out: list[Resend] = []
     with session(settings, write=True) as s:
-        rows = (
-            s.execute(
-                _skip_locked(
-                    select(ExportRow)
-                    .join(JobRow, JobRow.id == ExportRow.job_id)  # not of deleted jobs
-                    .where(
-                        or_(
-                            ExportRow.status == "running",
-                            and_(ExportRow.status == "queued", ExportRow.updated_at < grace),
-                        )
-                    ),
-                    ExportRow,
-                )
-            )
-            .scalars()
-            .all()
-        )
+        rows = _unfinished(s, ExportRow, grace)
         for row in rows:
             subject = lease_subject(row.job_id, row.id)
             lease = s.get(Lease, (EXPORT, subject))
@@ -245,23 +246,7 @@ def stranded_renders(settings, in_broker: set[str] | None) -> list[Resend]:
     ceiling = now - timedelta(seconds=settings.max_render_job_s) - ttl
     out: list[Resend] = []
     with session(settings, write=True) as s:
-        rows = (
-            s.execute(
-                _skip_locked(
-                    select(RenderRow)
-                    .join(JobRow, JobRow.id == RenderRow.job_id)  # not of deleted jobs
-                    .where(
-                        or_(
-                            RenderRow.status == "running",
-                            and_(RenderRow.status == "queued", RenderRow.updated_at < grace),
-                        )
-                    ),
-                    RenderRow,
-                )
-            )
-            .scalars()
-            .all()
-        )
+        rows = _unfinished(s, RenderRow, grace)
         for row in rows:
             if row.status == "running" and row.created_at < ceiling:
                 row.status, row.updated_at = "failed", now
