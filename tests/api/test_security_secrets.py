@@ -15,7 +15,10 @@ import httpx
 import redis
 import torch
 from safetensors.torch import save_file
+from sqlalchemy import delete
 
+from core.db.engine import session
+from core.db.secrets import KEY_ID_SECRET_NAME, SecretRow
 from service.auth import legacy_key_id
 from tests.api.test_security_gate import _json_array, _raw_post
 from tests.support.stack import (
@@ -35,8 +38,10 @@ def test_key_ids_are_hmacs_and_unsalted_ids_move_to_them(stack_factory):
     owner = stack.store().owner_of(job_id)
     assert owner.startswith("h-") and owner != legacy_key_id(TEST_KEY)
     assert hashlib.sha256(TEST_KEY.encode()).hexdigest()[:12] not in owner
-    secret = stack.data_dir / "keys" / ".id-secret"
-    assert secret.stat().st_mode & 0o777 == 0o600
+    # made once, kept in the database (shared by replicas), not in a file of this host
+    with session(engine=stack.store().engine) as s:
+        assert s.get(SecretRow, KEY_ID_SECRET_NAME) is not None
+    assert not (stack.data_dir / "keys" / ".id-secret").exists()
 
     # The same job as an older version left it: owned by the unsalted id, no secret yet.
     stack.stop_api()
@@ -44,7 +49,8 @@ def test_key_ids_are_hmacs_and_unsalted_ids_move_to_them(stack_factory):
     assert stack.store().rename_owner(owner, legacy) == 1
     if (stack.data_dir / "keys" / owner).exists():  # per-key files, where there are any
         os.replace(stack.data_dir / "keys" / owner, stack.data_dir / "keys" / legacy)
-    secret.unlink()
+    with session(engine=stack.store().engine, write=True) as s:
+        s.execute(delete(SecretRow))
     stack.start_api()
     assert stack.client.get(f"/v1/jobs/{job_id}").status_code == 200
     assert [j["id"] for j in stack.client.get("/v1/jobs").json()["items"]] == [job_id]
