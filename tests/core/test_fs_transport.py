@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 
 from kombu import Connection
 
@@ -30,9 +31,12 @@ def test_message_file_and_folder_fsynced_before_put_returns(tmp_path, monkeypatc
 
     monkeypatch.setattr(fs_transport.os, "fsync", recording_fsync)
     with _connection(tmp_path) as conn:
-        queue = conn.SimpleQueue("train")
+        # A queue name of its own: kombu's virtual transports keep exchange bindings in
+        # class-level state, which other tests in this process may have bound "train" in.
+        name = f"q{uuid.uuid4().hex[:12]}"
+        queue = conn.SimpleQueue(name)
         queue.put({"job": 1})
-        (msg,) = [p for p in os.listdir(tmp_path) if p.endswith(".train.msg")]
+        (msg,) = [p for p in os.listdir(tmp_path) if p.endswith(f".{name}.msg")]
         # the partial file (renamed to msg afterwards) and then the folder holding the new name
         assert any(p.endswith(".partial") for p in synced), synced
         assert synced[-1] == str(tmp_path), synced

@@ -53,7 +53,9 @@ JOB_ROWS = (
     ("job_storage", "job_id"),
 )
 SPLAT = {
-    "steps": 80,
+    # enough that the first worker is still training when a checkpoint past KILL_AFTER shows,
+    # however fast this machine trains (the kill must land mid-training)
+    "steps": 300,
     "init": "points3d",
     "n_test_renders": 0,
     "background": "black",
