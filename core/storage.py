@@ -189,8 +189,9 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
-def _file_bytes(root: Path) -> int:
-    """Disk blocks under `root` (what a full disk counts), links not followed."""
+def disk_bytes(root: Path) -> int:
+    """Disk blocks under `root` (what a full disk counts), links not followed; files removed
+    meanwhile count nothing."""
     total = 0
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
@@ -438,7 +439,7 @@ class LocalStorage(Storage):
             raise FileNotFoundError(f"{relpath}: not in the job's working copy")
 
     def stored_bytes(self, job_id: str) -> int:
-        return _file_bytes(self.paths(job_id).root)
+        return disk_bytes(self.paths(job_id).root)
 
     def local_path(self, job_id: str, key: str) -> Path | None:
         try:

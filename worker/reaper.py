@@ -144,6 +144,16 @@ def _unfinished(s, row_type, grace):
     return s.execute(_skip_locked(q, row_type)).scalars().all()
 
 
+def _resend_reason(row, lease: Lease | None, task, in_broker, now, ttl: timedelta) -> str | None:
+    """Why a free export or render job is sent again: "lost worker" (running, no live lease),
+    "lost message" (queued, and the broker does not hold its task), else None."""
+    if row.status == "running":
+        return None if lease is None and row.updated_at > now - ttl else "lost worker"
+    if in_broker is None or task_id_for(task) in in_broker:
+        return None
+    return "lost message"
+
+
 def _first_task(row: JobRow):
     if (row.dataset or {}).get("sfm") == "pending":
         return PreprocessTask(job_id=row.id), PREPROCESS_QUEUE
@@ -224,14 +234,9 @@ def stranded_exports(settings, in_broker: set[str] | None) -> list[Resend]:
             if not leases.free(lease, now, local=False) or _recently_resent(lease, now, ttl):
                 continue
             task = ExportTask(job_id=row.job_id, export_id=row.id)
-            if row.status == "running":
-                if lease is None and row.updated_at > now - ttl:
-                    continue
-                why = "lost worker"
-            elif in_broker is None or task_id_for(task) in in_broker:
+            why = _resend_reason(row, lease, task, in_broker, now, ttl)
+            if why is None:
                 continue
-            else:
-                why = "lost message"
             _mark_resent(s, EXPORT, subject, row.job_id, now)
             out.append(Resend(task, EXPORT_QUEUE, why))
     return out
@@ -271,14 +276,9 @@ def stranded_renders(settings, in_broker: set[str] | None) -> list[Resend]:
                 row.status, row.updated_at = "failed", now
                 row.error = "the render job's message was lost; ask for it again"
                 continue
-            if row.status == "running":
-                if lease is None and row.updated_at > now - ttl:
-                    continue
-                why = "lost worker"
-            elif in_broker is None or task_id_for(task) in in_broker:
+            why = _resend_reason(row, lease, task, in_broker, now, ttl)
+            if why is None:
                 continue
-            else:
-                why = "lost message"
             _mark_resent(s, RENDER, row.id, row.job_id, now)
             out.append(Resend(task, RENDER_QUEUE, why))
     return out

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from core.storage import JobPaths, LocalStorage, Storage
+from core.storage import JobPaths, LocalStorage, Storage, disk_bytes
 
 log = logging.getLogger(__name__)
 IN_USE = ".in-use"  # flocked shared by each task using the folder, exclusively by eviction
@@ -85,18 +85,6 @@ def _last_use(folder: Path) -> float:
         return folder.stat().st_mtime
 
 
-def folder_bytes(folder: Path) -> int:
-    """Bytes the files under `folder` occupy on disk."""
-    total = 0
-    for dirpath, _, files in os.walk(folder):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-            except OSError:
-                pass
-    return total
-
-
 def evict(cache: Path, max_bytes: int) -> list[str]:
     """Delete the least recently used job folders under `cache` that no task holds until the
     rest fits `max_bytes`; returns the names deleted. A held folder is never touched, even
@@ -106,7 +94,7 @@ def evict(cache: Path, max_bytes: int) -> list[str]:
         folders = [p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")]
     except FileNotFoundError:
         return []
-    sizes = {f: folder_bytes(f) for f in folders}
+    sizes = {f: disk_bytes(f) for f in folders}
     total = sum(sizes.values())
     deleted: list[str] = []
     for folder in sorted(folders, key=_last_use):
