@@ -98,6 +98,15 @@ def row(label: str, kind: str, upload: str, budget: float, job: dict) -> dict:
     }
 
 
+def reordered(photos: dict[str, bytes]) -> dict[str, bytes]:
+    """The unposed photos named in reverse order (pose k becomes DSC_{n-1-k}): SfM starts
+    from other pairs and picks another world frame, and the every-8th held-out split takes
+    other photos, as a second upload of the same capture would."""
+    names = list(photos)
+    n = len(names)
+    return {f"images/DSC_{n - 1 - k:04d}.jpg": photos[name] for k, name in enumerate(names)}
+
+
 def artifact(stack, job_id: str, name: str) -> bytes | None:
     r = stack.client.get(f"/v1/jobs/{job_id}/artifacts/{name}", follow_redirects=True)
     return r.content if r.status_code == 200 else None
@@ -129,7 +138,7 @@ def subject_psnr(stack, job_id: str, files: dict[str, bytes], masks: list[np.nda
     results, renders = artifact(stack, job_id, "results.json"), artifact(stack, job_id, RENDERS)
     if results is None or renders is None:
         return None, 0
-    order = [n for n in files if n.startswith("images/")]
+    order = [n for n in files if n.startswith("images/")]  # the k-th is pose k in every upload
     scores = []
     with zipfile.ZipFile(io.BytesIO(renders)) as zf:
         for v in json.loads(results)["views"]:
@@ -210,7 +219,9 @@ def main(argv=None) -> None:
     ap.add_argument("--repo", type=Path, default=None, help="checkout whose service runs")
     ap.add_argument("--label", default=None, help="the code column (default: the repo's name)")
     ap.add_argument("--budget", type=float, default=300.0)
-    ap.add_argument("--runs", default=RUNS, help="kind:upload,... (upload: posed|unposed|object)")
+    ap.add_argument(
+        "--runs", default=RUNS, help="kind:upload,... (upload: posed|unposed|reordered|object)"
+    )
     ap.add_argument("--views", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2, help="TORCH_THREADS of the worker")
     ap.add_argument("--json-out", type=Path)
@@ -238,6 +249,7 @@ def main(argv=None) -> None:
     label = a.label or repo.name
     t0 = time.perf_counter()
     files = capture_files(a.views)
+    files["reordered"] = reordered(files["unposed"])
     uploads = {k: zip_bytes(v) for k, v in files.items()}
     masks = {"room": subject_masks(a.views, True), "object": subject_masks(a.views, False)}
     print(f"capture: {a.views} views, made in {time.perf_counter() - t0:.0f}s", flush=True)
