@@ -25,7 +25,17 @@ from worker.scene.cameras import rays_from_pixels
 SIZE, N, FOV_X_DEG, DISTANCE = 48, 28, 70.0, 2.0
 LENS = {"k1": -0.4, "k2": 0.12, "p1": 0.002, "p2": -0.001}
 FOCAL = 0.5 * SIZE / math.tan(math.radians(FOV_X_DEG) / 2)
-CONFIG = {**SPLAT_CONFIG, "checkpoint_every": 400, "n_test_renders": 1}
+# Half test_splat_job's steps, its schedule halved with them: the lens gap (measured 2.2 dB at
+# 200 steps, 3.1 dB at 400) stays twice the 1 dB the test asks for, in half the time.
+CONFIG = {
+    **SPLAT_CONFIG,
+    "steps": 200,
+    "densify_from": 50,
+    "densify_every": 50,
+    "sh_increase_every": 50,
+    "checkpoint_every": 200,
+    "n_test_renders": 1,
+}
 
 
 def _photo(c2w: np.ndarray) -> bytes:
