@@ -32,6 +32,7 @@ from tests.support.stack import TEST_KEY, auth_headers
 COMPOSE_FILE = REPO / "docker-compose.yml"
 ARTIFACTS = REPO / "test-artifacts" / "compose-topology"
 RENDER_TIMEOUT_S = 4.0
+WORKER_READY = " ready."  # Celery's line once the worker consumes its queue
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -258,9 +259,11 @@ def test_compose_services_run_a_job_and_training_outlives_the_render_worker(comp
     api = stack.start("api")
     train = stack.start("worker-train")
     render = stack.start("worker-render")
-    # The compose healthchecks themselves decide readiness (readyz; celery inspect ping).
-    for svc in (api, train, render):
-        svc.wait_healthy(180)
+    # The compose healthchecks themselves decide readiness (readyz; celery inspect ping), a
+    # worker's once it has logged that it is ready (a ping before then waits out its timeout).
+    api.wait_healthy(180)
+    for svc in (train, render):
+        svc.wait_healthy(180, after_line=WORKER_READY)
     # Each worker process consumes its own queue only, so losing one cannot stall the other.
     assert stack.worker_queues("worker-train") == {"train"}
     assert stack.worker_queues("worker-render") == {"render"}
@@ -317,7 +320,7 @@ def test_compose_services_run_a_job_and_training_outlives_the_render_worker(comp
 
     # A render worker started again (same command and environment) serves the queue again.
     render2 = stack.start("worker-render")
-    render2.wait_healthy(180)
+    render2.wait_healthy(180, after_line=WORKER_READY)
     r = stack.http.post(f"/v1/jobs/{job2}/render", json={"width": 48, "height": 48})
     assert r.status_code == 200, r.text
     assert _png_size(r.content) == (48, 48)
@@ -335,7 +338,7 @@ def test_restarting_the_train_worker_hands_the_training_to_the_next_one(compose_
     stack.topology.base_env["CHECKPOINT_INTERVAL_S"] = "0.5"  # a checkpoint soon
     api, train = stack.start("api"), stack.start("worker-train")
     api.wait_healthy(180)
-    train.wait_healthy(180)
+    train.wait_healthy(180, after_line=WORKER_READY)
     photo = _photo_png(32)
 
     job = _submit(stack.http, photo, 100_000)  # far longer than this test waits for one worker

@@ -133,10 +133,12 @@ class LocalService:
     stop_grace_s: float = 10.0
     proc: subprocess.Popen | None = None
     _log: Any = field(default=None, repr=False)
+    _log_start: int = field(default=0, repr=False)  # where this run's lines begin in the log
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
+        self._log_start = self._log.tell()
         self.proc = subprocess.Popen(
             self.argv,
             cwd=REPO,
@@ -183,8 +185,22 @@ class LocalService:
             return False
         return r.returncode == 0
 
-    def wait_healthy(self, deadline_s: float) -> None:
+    def wait_healthy(self, deadline_s: float, after_line: str | None = None) -> None:
+        """Until the compose healthcheck passes. With `after_line`, the healthcheck runs only
+        once this run of the service has logged that line: a Celery worker's `inspect ping` sent
+        before the worker listens is lost and waits out its whole --timeout (10 s) for nothing."""
         end = time.monotonic() + deadline_s
+        while (
+            after_line is not None
+            and after_line.encode() not in (self.log_path.read_bytes()[self._log_start :])
+        ):
+            if not self.alive():
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode}; log:\n{self.log()}"
+                )
+            if time.monotonic() > end:
+                raise TimeoutError(f"{self.name} never logged {after_line!r}:\n{self.log()}")
+            time.sleep(0.1)
         while time.monotonic() < end:
             if not self.alive():
                 raise RuntimeError(
