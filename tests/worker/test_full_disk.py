@@ -56,10 +56,14 @@ def test_a_full_disk_fails_the_job_readably_once_space_is_back(stack_factory, sm
 
         filler = small_fs / "filler"
         assert _fill(filler) > 0
-        time.sleep(3)  # the training hits ENOSPC; recording the failure needs space too
+        # The training hits ENOSPC; recording the failure needs space too.
+        log = stack.log_dir / "worker-0.log"
+        deadline = time.monotonic() + 30
+        while "cannot record its failure yet" not in log.read_text():
+            assert time.monotonic() < deadline, stack.logs()
+            time.sleep(0.1)
         job = stack.client.get(f"/v1/jobs/{job_id}").json()
         assert job["status"] == "running", job  # could not be written yet
-        assert "cannot record its failure yet" in (stack.log_dir / "worker-0.log").read_text()
 
         filler.unlink()
         job = stack.wait_status(job_id, "failed", timeout=30)
