@@ -7,10 +7,12 @@ MAX_WORKER_LOSSES."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from api_schemas.jobs import JobStatus
 from api_schemas.render import RenderRequest
@@ -58,8 +60,12 @@ def test_a_queued_render_job_lost_by_the_broker_is_sent_again(env):  # noqa: F81
     assert path_jobs.read(job_id, waiting, settings=settings)["status"] == "queued"
 
 
+# A prefork pool in small: the worker modules are imported once, and each delivery runs in a
+# process forked from this one (as Celery's pool processes are), whose end is reported back as
+# `<kind> <exit code>` (a negative code: the signal that ended it). Each delivery that starts a
+# Python of its own pays the imports (torch) again: seconds each, eight times over.
 RENDER_WORKER = """
-import os, signal, sys
+import os, signal, sys, traceback
 from core import path_jobs
 from worker import render_jobs
 
@@ -68,16 +74,40 @@ def dies(job_id, render_id, request):  # the render takes its process down (OOM,
     os.kill(os.getpid(), signal.SIGKILL)
 
 render_jobs._render_path_job = render_jobs._render_frame_job = dies
-job_id, render_id, kind = sys.argv[1:]
-task = render_jobs.render_path_job if kind == "path" else render_jobs.render_frame_job
-task(job_id, render_id, path_jobs.request_of(job_id, render_id))
-print("returned", flush=True)
+for line in sys.stdin:
+    job_id, render_id, kind = line.split()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            task = render_jobs.render_path_job if kind == "path" else render_jobs.render_frame_job
+            task(job_id, render_id, path_jobs.request_of(job_id, render_id))
+            code = 0  # returned
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(kind, os.waitstatus_to_exitcode(status), flush=True)
 """
 
 
-def test_a_render_job_that_kills_its_worker_is_sent_again_then_fails_at_the_cap(env):  # noqa: F811
+def _deliver(pool: subprocess.Popen, log: Path, job_id: str, render_id: str, kind: str) -> int:
+    """One delivery of the render job in a fresh pool process; its exit code."""
+    pool.stdin.write(f"{job_id} {render_id} {kind}\n")
+    pool.stdin.flush()
+    ready, _, _ = select.select([pool.stdout], [], [], 120)
+    line = pool.stdout.readline() if ready else ""
+    assert line, f"no answer from the pool for {kind}:\n{log.read_text()[-2000:]}"
+    got_kind, code = line.split()
+    assert got_kind == kind, line
+    return int(code)
+
+
+def test_a_render_job_that_kills_its_worker_is_sent_again_then_fails_at_the_cap(env, tmp_path):  # noqa: F811
     settings, store, _ = env
-    # Deliveries that start a Python each outlast the fixture's MAX_RENDER_JOB_S.
+    # The pool's start (its imports) and the deliveries outlast the fixture's MAX_RENDER_JOB_S.
     settings = settings.model_copy(update={"max_render_job_s": 600.0})
     job_id = _job(store)
     store.set_status(job_id, JobStatus.succeeded)
@@ -90,34 +120,41 @@ def test_a_render_job_that_kills_its_worker_is_sent_again_then_fails_at_the_cap(
         "LEASE_TTL_S": str(settings.lease_ttl_s),
     }
     proc_env.pop("REDIS_URL", None)
-    for delivery in range(1, 5):
-        procs = {
-            kind: subprocess.Popen(
-                [sys.executable, "-c", RENDER_WORKER, job_id, render_id, kind],
-                env=proc_env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for kind, render_id in renders.items()
-        }
-        runs = {kind: (p, *p.communicate(timeout=120)) for kind, p in procs.items()}
-        for kind, (proc, out, err) in runs.items():
-            state = path_jobs.read(job_id, renders[kind], settings=settings)
-            if delivery <= 3:
-                assert proc.returncode == -signal.SIGKILL, err[-2000:]
-                assert state["status"] == "running"
-            else:
-                assert proc.returncode == 0 and "returned" in out, err[-2000:]
-                assert state["status"] == "failed"
-                assert "worker lost 3 times" in state["error"]
-                assert "MAX_WORKER_LOSSES" in state["error"]
-        if delivery <= 3:
-            # Its worker is gone: once the lease has run out, the next round sends it again.
-            time.sleep(settings.lease_ttl_s + 0.3)
-            again = reaper.stranded_renders(settings, in_broker=set())
-            assert {(r.task.render_id, r.why) for r in again} == {
-                (renders["path"], "lost worker"),
-                (renders["frame"], "lost worker"),
+    log = tmp_path / "pool.log"
+    with open(log, "w") as err:
+        pool = subprocess.Popen(
+            [sys.executable, "-c", RENDER_WORKER],
+            env=proc_env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    try:
+        for delivery in range(1, 5):
+            codes = {
+                kind: _deliver(pool, log, job_id, render_id, kind)
+                for kind, render_id in renders.items()
             }
+            for kind, code in codes.items():
+                state = path_jobs.read(job_id, renders[kind], settings=settings)
+                if delivery <= 3:
+                    assert code == -signal.SIGKILL, log.read_text()[-2000:]
+                    assert state["status"] == "running"
+                else:
+                    assert code == 0, log.read_text()[-2000:]  # the task returned
+                    assert state["status"] == "failed"
+                    assert "worker lost 3 times" in state["error"]
+                    assert "MAX_WORKER_LOSSES" in state["error"]
+            if delivery <= 3:
+                # Its worker is gone: once the lease has run out, the next round sends it again.
+                time.sleep(settings.lease_ttl_s + 0.3)
+                again = reaper.stranded_renders(settings, in_broker=set())
+                assert {(r.task.render_id, r.why) for r in again} == {
+                    (renders["path"], "lost worker"),
+                    (renders["frame"], "lost worker"),
+                }
+    finally:
+        pool.stdin.close()
+        pool.wait(30)
     assert reaper.stranded_renders(settings, in_broker=set()) == []
