@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import delete, select, update
@@ -105,6 +105,9 @@ class Claim:
     holder: str
     deliveries: int
     losses: int  # deliveries that ended with their worker dead, this one not counted
+    # Set by `held` when the lease stopped being this holder's (taken over), or could not be
+    # renewed for a whole TTL (so another host may have taken it): the body should stop.
+    lost: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
 
 
 def _ensure_row(s: Session, kind: str, subject: str, job_id: str | None) -> None:
@@ -213,7 +216,9 @@ def held(
 ) -> Iterator[Claim | None]:
     """Claim (trying again for up to `wait_s`, unless `give_up()`), renew every TTL / 4 while
     the body runs, release after it. Yields None (and runs the body) when another holder has
-    the lease. A process killed inside the body releases nothing: its lease runs out, or is
+    the lease. The claim's `lost` is set once the lease is another holder's, or renewals have
+    failed for a whole TTL (the database unreachable: the lease may have run out and been
+    taken elsewhere); the body is expected to check it and stop. A process killed inside the body releases nothing: its lease runs out, or is
     found dead by a claimant on this machine (a moment after the kill, once its parent has
     reaped it: hence `wait_s` for redelivered work)."""
     deadline = time.monotonic() + wait_s
@@ -228,13 +233,26 @@ def held(
     stop = threading.Event()
 
     def renewing() -> None:
+        renewed = time.monotonic()
         while not stop.wait(ttl_s / 4):
             try:
                 if not renew(settings, got, ttl_s):
                     log.error("lease %s/%s was taken over by another holder", kind, subject)
+                    got.lost.set()
                     return
+                renewed = time.monotonic()
             except Exception:
                 log.warning("lease %s/%s renewal failed", kind, subject, exc_info=True)
+                if time.monotonic() - renewed >= ttl_s:
+                    log.error(
+                        "lease %s/%s not renewed for %.0f s (its TTL): another holder may have "
+                        "it; giving it up",
+                        kind,
+                        subject,
+                        ttl_s,
+                    )
+                    got.lost.set()
+                    return
 
     thread = threading.Thread(target=renewing, name=f"lease-{kind}-{subject[:8]}", daemon=True)
     thread.start()

@@ -45,6 +45,7 @@ from worker.jobs import (
     JobCancelled,
     JobContext,
     JobInterrupted,
+    LeaseLost,
     RenderError,
     UnknownKind,
     kind_function,
@@ -176,7 +177,7 @@ def train(job_id: str) -> None:
             )
             return
         with work_dir(store.storage, job_id) as work:
-            _train_locked(store, settings, job_id, work)
+            _train_locked(store, settings, job_id, work, mine)
         usage.refresh(settings, store.storage, job_id)  # its checkpoints and artifacts
 
 
@@ -258,9 +259,10 @@ def preprocess(job_id: str) -> None:
     _send(TrainTask(job_id=job_id), TRAIN_QUEUE)
 
 
-def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
+def _train_locked(store: JobStore, settings, job_id: str, paths, lease) -> None:
     """Train the job in its working copy `paths`: the dataset and the latest published
-    checkpoint pulled first, each checkpoint published as it is saved, artifacts at the end."""
+    checkpoint pulled first, each checkpoint published as it is saved, artifacts at the end.
+    `lease`: the train lease's claim, whose loss stops the training."""
     try:
         job = _start(store, job_id)
     except (JobNotFound, ValueError):
@@ -289,6 +291,7 @@ def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
                 published=remote,
             ),
             device=pick_device(settings.device),
+            lease=lease,
         )
         with ctx.progress, metrics.stage_timer(job.kind.value, "train"):
             final = train_fn(ctx) or {}
@@ -298,6 +301,10 @@ def _train_locked(store: JobStore, settings, job_id: str, paths) -> None:
             job_id, JobStatus.cancelled, only_from={JobStatus.running, JobStatus.queued}
         )
         log.info("job %s cancelled", job_id)
+        return
+    except LeaseLost:
+        # Another worker may hold the job now: its state is that worker's to write.
+        log.error("job %s: its train lease was lost; stopped, leaving the job as it is", job_id)
         return
     except JobInterrupted:
         # The worker is shutting down: hand the job back; the next worker (or this one,

@@ -1,7 +1,7 @@
 """Leases (core/leases.py) on SQLite and PostgreSQL: of two processes claiming the same job's
 train lease at once exactly one gets it; a lease whose holder on another host stopped renewing
 is taken once it expires, not before, and counts a lost worker; a holder killed on this host
-frees its lease at once."""
+frees its lease at once; a holder is told when the lease is no longer surely its own."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ import uuid
 from types import SimpleNamespace
 
 import pytest
+from sqlalchemy import update
 
 from core import leases
-from core.db.leases import TRAIN
+from core.db.engine import session
+from core.db.leases import TRAIN, Lease
 from tests.support.databases import KINDS, database
 
 CLAIMER = """
@@ -92,3 +94,29 @@ def test_held_renews_while_the_body_runs(settings):
         assert leases.claim(settings, TRAIN, job, 30, holder="other-host/b/n:1:x") is None
     after = leases.claim(settings, TRAIN, job, 30, job_id=job)
     assert after is not None and after.losses == 0
+
+
+def test_held_says_lost_once_another_holder_has_the_lease(settings):
+    job = str(uuid.uuid4())
+    with leases.held(settings, TRAIN, job, 0.4, job_id=job) as mine:
+        time.sleep(0.3)
+        assert not mine.lost.is_set()  # renewed, still ours
+        with session(settings) as s:  # what a claim elsewhere writes once the expiry passed
+            s.execute(
+                update(Lease)
+                .where(Lease.kind == TRAIN, Lease.subject == job)
+                .values(holder="other-host/b/n:1:x")
+            )
+        assert mine.lost.wait(2.0)
+
+
+def test_held_says_lost_after_a_ttl_without_a_renewal(settings):
+    """The database unreachable for a whole TTL: the lease may have run out and been taken."""
+    job = str(uuid.uuid4())
+    url = settings.database_url
+    with leases.held(settings, TRAIN, job, 0.8, job_id=job) as mine:
+        settings.database_url = "postgresql+psycopg://nobody@127.0.0.1:1/none"
+        time.sleep(0.5)
+        assert not mine.lost.is_set()  # failing, but for less than a TTL
+        assert mine.lost.wait(3.0)
+        settings.database_url = url

@@ -1,7 +1,8 @@
 """Poison and stranded trainings, on the real stack: a training whose process is SIGKILLed
 MAX_WORKER_LOSSES times fails with "worker lost N times" instead of looping; with workers up,
 a queued job whose message vanished and a running job whose whole worker died are sent again
-by the periodic reaper; an upload folder a crashed API left behind is removed."""
+by the periodic reaper; an upload folder a crashed API left behind is removed; a training whose
+lease another host took stops."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sqlalchemy import update
 
 from core.db.engine import session
 from core.db.jobs import JobRow
+from core.db.leases import TRAIN, Lease
 from tests.support.stack import child_pids, png_bytes
 
 LONG = {"steps": 200000, "resolution": 16}
@@ -112,3 +114,29 @@ def test_stranded_jobs_are_sent_again_with_workers_up(stack_factory):
     assert alive.poll() is None
     stack.client.post(f"/v1/jobs/{victim}/cancel")
     stack.wait_status(victim, "cancelled", timeout=60)
+
+
+def test_a_training_whose_lease_is_taken_over_stops_and_leaves_the_job_alone(stack_factory):
+    """Another host took the train lease (this worker's renewals stalled past the TTL and the
+    reaper sent the job again): the first worker stops at its next step, writes no status, and
+    the job goes on with the new holder."""
+    stack = stack_factory(queues="train", env={"PROGRESS_INTERVAL_S": "0.2", "LEASE_TTL_S": "2"})
+    job_id = stack.submit(png_bytes(16, 16), config=LONG).json()["id"]
+    stack.wait_status(job_id, "running", timeout=60)
+    job = lambda: stack.client.get(f"/v1/jobs/{job_id}").json()  # noqa: E731
+    _wait(lambda: (job().get("progress") or {}).get("step"), 60, "a step", stack)
+    store = stack.store()
+    with session(engine=store.engine) as s:
+        s.execute(
+            update(Lease)
+            .where(Lease.kind == TRAIN, Lease.subject == job_id)
+            .values(holder="other-host/boot/ns:4242:abc")
+        )
+    log = stack.log_dir / "worker-0.log"
+    _wait(lambda: "train lease was lost" in log.read_text(), 30, "the worker stopping", stack)
+    step = job()["progress"]["step"]
+    time.sleep(1.0)
+    after = job()
+    assert after["status"] == "running" and after["progress"]["step"] == step  # no writes after
+    other = stack.submit(png_bytes(16, 16), config={"steps": 20, "resolution": 16}).json()["id"]
+    assert stack.wait_status(other, "succeeded", "failed")["status"] == "succeeded"

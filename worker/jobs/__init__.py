@@ -36,6 +36,12 @@ class JobCancelled(Exception):
     """Raised by ctx.raise_if_cancelled(); the task marks the job cancelled."""
 
 
+class LeaseLost(Exception):
+    """Raised by ctx.raise_if_cancelled() once the job's train lease is no longer this worker's
+    (core.leases.Claim.lost): another worker may be training it, so this one stops without
+    touching the job's state, checkpoints or artifacts."""
+
+
 class JobInterrupted(Exception):
     """Raised by ctx.raise_if_cancelled() once the worker is shutting down (SIGTERM): the task
     puts the job back in the queue and it resumes from its checkpoint."""
@@ -77,6 +83,7 @@ class JobContext:
         Any  # worker.checkpoints.CheckpointManager: due(), save(step, tensors, meta), load_latest()
     )
     device: Any  # torch.device chosen for this worker
+    lease: Any = None  # core.leases.Claim held for this run (None: no lease, e.g. scripts)
 
     @cached_property
     def config(self) -> Config:
@@ -91,6 +98,8 @@ class JobContext:
         return self._cancel_flag()
 
     def raise_if_cancelled(self) -> None:
+        if self.lease is not None and self.lease.lost.is_set():
+            raise LeaseLost()
         if STOP.is_set():
             raise JobInterrupted()
         if self.cancelled():
