@@ -21,11 +21,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import delete, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from core.db.engine import session
+from core.db.engine import insert_if_missing, session
 from core.db.leases import Lease
 
 log = logging.getLogger(__name__)
@@ -111,17 +109,9 @@ class Claim:
 
 
 def _ensure_row(s: Session, kind: str, subject: str, job_id: str | None) -> None:
-    """Insert the row if missing without failing when another transaction does so at once."""
-    values = {
-        "kind": kind,
-        "subject": subject,
-        "job_id": job_id,
-        "deliveries": 0,
-        "losses": 0,
-        "open": False,
-    }
-    ins = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
-    s.execute(ins(Lease).values(**values).on_conflict_do_nothing())
+    insert_if_missing(
+        s, Lease, kind=kind, subject=subject, job_id=job_id, deliveries=0, losses=0, open=False
+    )
 
 
 def locked(s: Session, kind: str, subject: str, job_id: str | None = None) -> Lease:

@@ -22,14 +22,12 @@ from datetime import timedelta
 from typing import NamedTuple
 
 from sqlalchemy import delete, func, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from api_schemas.jobs import JobStatus
 from core import usage
-from core.db.engine import session
+from core.db.engine import insert_if_missing, session
 from core.db.jobs import RESERVED, JobRow
 from core.db.quotas import JobStorage, QuotaOwner, Submission
 from core.storage import JobPaths, Storage
@@ -63,8 +61,7 @@ class QuotaExceeded(Exception):
 
 def lock_owner(s: Session, kid: str) -> QuotaOwner:
     """The key's row, created if missing, locked to the end of the transaction."""
-    ins = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
-    s.execute(ins(QuotaOwner).values(owner=kid, admissions=0).on_conflict_do_nothing())
+    insert_if_missing(s, QuotaOwner, owner=kid, admissions=0)
     return s.execute(
         select(QuotaOwner).where(QuotaOwner.owner == kid).with_for_update()
     ).scalar_one()

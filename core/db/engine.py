@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
@@ -104,6 +106,13 @@ def session(
         if write and engine.dialect.name == "sqlite":
             s.connection(execution_options={WRITE_LOCK: True})
         yield s
+
+
+def insert_if_missing(s: Session, table, **values) -> None:
+    """Insert a row unless one with its key exists, without failing when another transaction
+    inserts it at the same moment (ON CONFLICT DO NOTHING, in either dialect)."""
+    ins = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
+    s.execute(ins(table).values(**values).on_conflict_do_nothing())
 
 
 def _forget_after_fork() -> None:

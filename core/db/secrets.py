@@ -7,11 +7,10 @@ from __future__ import annotations
 import secrets as _random
 
 from sqlalchemy import String, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from core.db.base import Base
+from core.db.engine import insert_if_missing
 
 # The key-id HMAC secret's row (service/auth.py id_secret).
 KEY_ID_SECRET_NAME = "key_id"
@@ -27,7 +26,5 @@ class SecretRow(Base):
 def get_or_make(s: Session, name: str, initial: str | None = None) -> str:
     """The secret `name`; made (from `initial`, else 32 random bytes as hex) if there is none.
     Processes racing to make it all end up with the first one's value."""
-    values = {"name": name, "value": initial or _random.token_hex(32)}
-    ins = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
-    s.execute(ins(SecretRow).values(**values).on_conflict_do_nothing())
+    insert_if_missing(s, SecretRow, name=name, value=initial or _random.token_hex(32))
     return s.execute(select(SecretRow.value).where(SecretRow.name == name)).scalar_one()
