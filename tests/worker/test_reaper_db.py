@@ -9,6 +9,7 @@ unfinished rows only."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -145,8 +146,11 @@ def test_exports_and_render_jobs_are_covered(env):
     assert state["status"] == "failed" and "MAX_RENDER_JOB_S" in state["error"]
 
 
+# A prefork pool in small (as tests/worker/test_render_jobs_reaper_db.py's): the modules are
+# imported once, each delivery runs in a process forked from this one, as Celery's pool
+# processes are, and its end is reported back as its exit code (negative: the signal).
 EXPORT_WORKER = """
-import contextlib, os, signal, sys
+import contextlib, os, signal, sys, traceback
 from core.storage import LocalStorage
 from core.store import JobStore
 from worker.exports import execute
@@ -154,13 +158,26 @@ from worker.exports import execute
 def dies(*_):  # the export takes its worker down (out of memory, a crash in a kernel)
     os.kill(os.getpid(), signal.SIGKILL)
 
-store = JobStore(LocalStorage(os.environ["DATA_DIR"]), url=os.environ["DATABASE_URL"])
-execute(store, sys.argv[1], sys.argv[2], dies, lambda storage, job_id: contextlib.nullcontext())
-print("returned", flush=True)
+for line in sys.stdin:
+    job_id, export_id = line.split()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            store = JobStore(LocalStorage(os.environ["DATA_DIR"]), url=os.environ["DATABASE_URL"])
+            execute(store, job_id, export_id, dies, lambda storage, job_id: contextlib.nullcontext())
+            code = 0  # returned
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status), flush=True)
 """
 
 
-def test_an_export_that_kills_its_worker_is_sent_again_then_fails_at_the_cap(env):
+def test_an_export_that_kills_its_worker_is_sent_again_then_fails_at_the_cap(env, tmp_path):
     settings, store, _ = env
     job_id = _job(store, kind="splat")
     store.set_status(job_id, JobStatus.succeeded)
@@ -173,25 +190,38 @@ def test_an_export_that_kills_its_worker_is_sent_again_then_fails_at_the_cap(env
         "MAX_WORKER_LOSSES": "3",
         "LEASE_TTL_S": str(settings.lease_ttl_s),
     }
-    for delivery in range(1, 5):
-        run = subprocess.run(
-            [sys.executable, "-c", EXPORT_WORKER, job_id, export.id],
+    log = tmp_path / "pool.log"
+    with open(log, "w") as err:
+        pool = subprocess.Popen(
+            [sys.executable, "-c", EXPORT_WORKER],
             env=proc_env,
-            capture_output=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
             text=True,
-            timeout=120,
         )
-        state = exports.get(job_id, export.id)
-        if delivery <= 3:
-            assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
-            assert state.status == ExportStatus.running
-            # Its worker is gone: once its lease has run out, the next round sends it again
-            # (here: once per death). Rounds judge leases by expiry alone, whatever the host.
-            time.sleep(settings.lease_ttl_s + 0.3)
-            (again,) = reaper.stranded_exports(settings, in_broker=set())
-            assert again.task.export_id == export.id and again.why == "lost worker"
-        else:
-            assert run.returncode == 0 and "returned" in run.stdout, run.stderr[-2000:]
+    try:
+        for delivery in range(1, 5):
+            pool.stdin.write(f"{job_id} {export.id}\n")
+            pool.stdin.flush()
+            ready, _, _ = select.select([pool.stdout], [], [], 120)
+            line = pool.stdout.readline() if ready else ""
+            assert line, f"no answer from the pool:\n{log.read_text()[-2000:]}"
+            code = int(line)
+            state = exports.get(job_id, export.id)
+            if delivery <= 3:
+                assert code == -signal.SIGKILL, log.read_text()[-2000:]
+                assert state.status == ExportStatus.running
+                # Its worker is gone: once its lease has run out, the next round sends it again
+                # (here: once per death). Rounds judge leases by expiry alone, whatever the host.
+                time.sleep(settings.lease_ttl_s + 0.3)
+                (again,) = reaper.stranded_exports(settings, in_broker=set())
+                assert again.task.export_id == export.id and again.why == "lost worker"
+            else:
+                assert code == 0, log.read_text()[-2000:]  # the export returned
+    finally:
+        pool.stdin.close()
+        pool.wait(30)
     assert state.status == ExportStatus.failed
     assert "worker lost 3 times" in state.error and "MAX_WORKER_LOSSES" in state.error
     assert reaper.stranded_exports(settings, in_broker=set()) == []
