@@ -251,7 +251,7 @@ def main(argv=None) -> None:
     files = capture_files(a.views)
     files["reordered"] = reordered(files["unposed"])
     uploads = {k: zip_bytes(v) for k, v in files.items()}
-    masks = {"room": subject_masks(a.views, True), "object": subject_masks(a.views, False)}
+    masks = {"posed": subject_masks(a.views, True), "object": subject_masks(a.views, False)}
     print(f"capture: {a.views} views, made in {time.perf_counter() - t0:.0f}s", flush=True)
     stack_mod.REPO = repo  # the processes run the other checkout's code
     kernels = os.environ.get("KERNELS_BUILD_DIR") or str(
@@ -280,12 +280,10 @@ def main(argv=None) -> None:
                     extra=a.nerf_config if kind == "nerf" else None,
                 )
                 r = row(label, kind, upload, a.budget, job)
-                r["subject_psnr"], r["subject_views"] = subject_psnr(
-                    stack,
-                    job["id"],
-                    files[upload],
-                    masks["object" if upload == "object" else "room"],
-                )
+                if upload in masks:  # SfM uploads are scored on undistorted photos: not here
+                    r["subject_psnr"], r["subject_views"] = subject_psnr(
+                        stack, job["id"], files[upload], masks[upload]
+                    )
                 rows.append(r)
                 out = a.artifacts / f"{label}-{kind}-{upload}" if a.artifacts else None
                 if out is not None:
