@@ -17,11 +17,6 @@ DEFAULT_SAMPLES_PER_STEP = {"cpu": 1 << 16, "cuda": 1 << 18}
 # 4x fewer samples, 1/64, which on the capture-like scene kept ~3x fewer samples a ray through
 # the room and so ~3x more rays a step, at the same seconds a step (docs/nerf.md).
 DEFAULT_CONE_ANGLE = {"cpu": 1.0 / 64.0, "cuda": 1.0 / 256.0}
-# Most samples a ray keeps (the march step is cascade 0's diagonal / this) when a job sets none,
-# by device: instant-ngp's 1024 on a GPU; on a CPU 256, whose 4x longer steps scored higher
-# held-out at equal steps on the capture-like room, the object alone and the synthetic scene
-# (+0.2 to +1.5 dB) at the same seconds a step (docs/nerf.md).
-DEFAULT_MAX_SAMPLES_PER_RAY = {"cpu": 256, "cuda": 1024}
 TIME_LIMIT_HELP = (
     "wall-time budget in seconds from the start of training, test-curve points, checkpoints and "
     "the final evaluation included (the job may end up to max(10 s, 5 %) later); default "
@@ -172,14 +167,8 @@ class NerfConfig(TrainingImages):
         description="samples whose alpha over their step is below this are skipped, in training "
         "and rendering (nerfacc's alpha_thre); 0: none",
     )
-    max_samples_per_ray: int | None = Field(
-        None,
-        ge=16,
-        le=8192,
-        description="most samples a ray keeps; the march step is the diagonal of the unit box "
-        "(of the scene box when it is the unit box or smaller) / this; default "
-        f"{DEFAULT_MAX_SAMPLES_PER_RAY['cpu']} on a CPU worker, "
-        f"{DEFAULT_MAX_SAMPLES_PER_RAY['cuda']} on a GPU (instant-ngp)",
+    max_samples_per_ray: int = Field(
+        1024, ge=16, le=8192, description="march step = box diagonal / this"
     )
     cone_angle: float | None = Field(
         None,

@@ -19,7 +19,6 @@ from worker.nerf.trainer import (
     cone_angle,
     grid_layout,
     max_march_step,
-    max_samples_per_ray,
     occupancy_resolution,
 )
 
@@ -184,26 +183,3 @@ def test_a_checkpoint_from_before_cascades_loads_and_renders(tmp_path):
     with torch.no_grad():
         want = render_rays(old_field, old_grid, o, d, bg, step=0.0135, cone_angle=1 / 256)
     assert torch.allclose(rgb, want[0], atol=1e-5) and torch.isfinite(depth).all()
-
-
-def test_samples_a_ray_default_by_device_and_the_checkpoint_keeps_the_resolved_one(tmp_path):
-    """A job that sets no max_samples_per_ray marches 4x longer steps on a CPU than on a GPU;
-    the render worker renders with what the trainer resolved, and a checkpoint from before the
-    per-device default (its config carries the old 1024, its meta nothing) renders as trained."""
-    from worker.jobs.nerf import NerfModel
-
-    cfg = {k: v for k, v in CONFIG.items() if k != "max_samples_per_ray"}
-    t = NerfTrainer(cfg, _meta(1.0), "cpu")
-    assert t.config.max_samples_per_ray == 256 and t.requested_config.max_samples_per_ray is None
-    assert t.step_size == pytest.approx(2 * math.sqrt(3) / 256)
-    assert max_samples_per_ray(NerfConfig(), torch.device("cuda")) == 1024
-    assert max_samples_per_ray(NerfConfig(max_samples_per_ray=96), torch.device("cuda")) == 96
-    tensors, meta = t.state()
-    manager = CheckpointManager(tmp_path / "new")
-    manager.save(1, tensors, meta)
-    assert NerfModel(manager.load_latest(), torch.device("cpu")).config.max_samples_per_ray == 256
-    old = {k: v for k, v in meta.items() if k != "max_samples_per_ray"}
-    old["config"] = {**meta["config"], "max_samples_per_ray": 1024}
-    manager = CheckpointManager(tmp_path / "old")
-    manager.save(1, tensors, old)
-    assert NerfModel(manager.load_latest(), torch.device("cpu")).config.max_samples_per_ray == 1024

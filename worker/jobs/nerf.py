@@ -56,15 +56,11 @@ class NerfModel(SceneModel):
     def __init__(self, checkpoint, device):
         super().__init__(checkpoint, device)
         meta = checkpoint.meta
-        # The cone angle, table size and samples a ray the run resolved from its scene and device.
+        # The cone angle and table size the run resolved from its scene (box, training pixels).
         self.config = self.config.model_copy(
             update={
                 "cone_angle": meta.get("cone_angle", cone_angle(self.config, meta["aabb_half"])),
                 "log2_hashmap_size": meta.get("log2_hashmap_size", self.config.log2_hashmap_size),
-                # older checkpoints carry it in their config (every field is stored)
-                "max_samples_per_ray": meta.get(
-                    "max_samples_per_ray", self.config.max_samples_per_ray
-                ),
             }
         )
         self.cone_angle = self.config.cone_angle

@@ -11,12 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from api_schemas.nerf import (
-    DEFAULT_CONE_ANGLE,
-    DEFAULT_MAX_SAMPLES_PER_RAY,
-    DEFAULT_SAMPLES_PER_STEP,
-    NerfConfig,
-)
+from api_schemas.nerf import DEFAULT_CONE_ANGLE, DEFAULT_SAMPLES_PER_STEP, NerfConfig
 from kernels import HashGridAdam, OccupancyGrid
 from worker.budget import device_type
 from worker.configs import config_dict
@@ -69,13 +64,6 @@ def samples_per_step(config: NerfConfig, device) -> int:
     if config.samples_per_step:
         return int(config.samples_per_step)
     return DEFAULT_SAMPLES_PER_STEP[device_type(device)]
-
-
-def max_samples_per_ray(config: NerfConfig, device) -> int:
-    """The config's most samples a ray, or the default for the worker's device."""
-    if config.max_samples_per_ray:
-        return int(config.max_samples_per_ray)
-    return DEFAULT_MAX_SAMPLES_PER_RAY[device_type(device)]
 
 
 def aabb_half(meta: dict[str, Any], config: NerfConfig) -> float:
@@ -143,7 +131,6 @@ class NerfTrainer:
                 "cone_angle": cone_angle(config, self.half, self.device),
                 "log2_hashmap_size": table_log2(config, meta),
                 "samples_per_step": samples_per_step(config, self.device),
-                "max_samples_per_ray": max_samples_per_ray(config, self.device),
                 "occupancy_resolution": occupancy_resolution(config, n_cascades, self.device),
             }
         )
@@ -155,7 +142,7 @@ class NerfTrainer:
         # Same lattice for training and rendering: the diagonal of cascade 0 (the whole box with
         # one cascade) / max_samples_per_ray; with cascades the cone angle lengthens steps with
         # distance, up to `max_step`.
-        self.step_size = 2 * math.sqrt(3) * grid_half / self.config.max_samples_per_ray
+        self.step_size = 2 * math.sqrt(3) * grid_half / config.max_samples_per_ray
         self.max_step = max_march_step(self.half, self.config.occupancy_resolution, n_cascades)
         torch.manual_seed(config.seed)
         self.field = NerfField(self.config, self.half, self.backend).to(self.device)
@@ -346,7 +333,6 @@ class NerfTrainer:
             "config": config_dict(self.requested_config),
             "cone_angle": self.config.cone_angle,
             "log2_hashmap_size": self.config.log2_hashmap_size,
-            "max_samples_per_ray": self.config.max_samples_per_ray,
             "budget_used_s": round(self.budget_used_s, 3),
             "step": self.step,
             "n_rays": self.n_rays,
