@@ -280,7 +280,9 @@ def main(argv=None) -> None:
                     extra=a.nerf_config if kind == "nerf" else None,
                 )
                 r = row(label, kind, upload, a.budget, job)
-                if upload in masks:  # SfM uploads are scored on undistorted photos: not here
+                # scored where the renders are the photos' own lens: not SfM uploads, nor
+                # splat, which trains on undistorted photos
+                if kind == "nerf" and upload in masks:
                     r["subject_psnr"], r["subject_views"] = subject_psnr(
                         stack, job["id"], files[upload], masks[upload]
                     )
