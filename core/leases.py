@@ -208,9 +208,10 @@ def held(
     the body runs, release after it. Yields None (and runs the body) when another holder has
     the lease. The claim's `lost` is set once the lease is another holder's, or renewals have
     failed for a whole TTL (the database unreachable: the lease may have run out and been
-    taken elsewhere); the body is expected to check it and stop. A process killed inside the body releases nothing: its lease runs out, or is
-    found dead by a claimant on this machine (a moment after the kill, once its parent has
-    reaped it: hence `wait_s` for redelivered work)."""
+    taken elsewhere); the body is expected to check it and stop. A process killed inside the
+    body releases nothing: its lease runs out, or is found dead by a claimant on this machine
+    (a moment after the kill, once its parent has reaped it: hence `wait_s` for redelivered
+    work)."""
     deadline = time.monotonic() + wait_s
     while True:
         got = claim(settings, kind, subject, ttl_s, job_id=job_id, count=count)
