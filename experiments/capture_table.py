@@ -3,8 +3,10 @@ a room, phone photos through a distorting lens), posed and unposed, kind nerf an
 through the real service with its default config and a time budget.
 
 Prints one row per job: held-out PSNR/SSIM (the job's own metrics over its test split, every 8th
-photo), the box the dataset got, share of the job's wall time that was training steps, samples
-per ray (nerf), SfM seconds. `--repo` runs the service of another checkout (e.g. a
+photo), the subject PSNR (those renders on the object's pixels only: nerf, posed and object
+uploads), the last batch's train PSNR, steps, the box the dataset got, share of the budget that
+was training steps, samples per ray (nerf), SfM seconds. `--artifacts` keeps each job's renders,
+`--big-frame 1080x1920` times a photo-sized frame after the first posed nerf job. `--repo` runs the service of another checkout (e.g. a
 `git worktree add /tmp/before f947d5a`), so the same script measures before and after:
 
     python -m experiments.capture_table --budget 300 [--repo /tmp/before] [--runs nerf:posed,...]
@@ -293,11 +295,11 @@ def main(argv=None) -> None:
                 print(fmt(r), flush=True)
                 if r["error"]:
                     print(f"   error: {r['error']}", flush=True)
-                if a.big_frame and (kind, upload) == ("nerf", "posed") and "frame" not in r:
+                if a.big_frame and (kind, upload) == ("nerf", "posed"):
                     w, h = (int(x) for x in a.big_frame.split("x"))
                     r["frame"] = big_frame(stack, job["id"], out, w, h)
-                    a.big_frame = None
-                    print(f"   1080x1920 frame: {r['frame']}", flush=True)
+                    a.big_frame = None  # the first posed nerf job only
+                    print(f"   {w}x{h} frame: {r['frame']}", flush=True)
         finally:
             stack.stop()
     if a.json_out:
