@@ -8,11 +8,7 @@ unfinished rows only."""
 
 from __future__ import annotations
 
-import os
-import select
 import signal
-import subprocess
-import sys
 import time
 import uuid
 
@@ -31,6 +27,7 @@ from core.settings import Settings
 from core.storage import LocalStorage
 from core.store import JobStore
 from tests.support.databases import KINDS, database
+from tests.support.fork_pool import deliver, start_pool
 from tests.support.stack import redis_url_or_skip
 from worker import reaper
 
@@ -183,31 +180,11 @@ def test_an_export_that_kills_its_worker_is_sent_again_then_fails_at_the_cap(env
     store.set_status(job_id, JobStatus.succeeded)
     exports = ExportStore(None, settings)
     export, _ = exports.create_or_get(job_id, ExportFormat.splat, {})
-    proc_env = {
-        **os.environ,
-        "DATA_DIR": str(settings.data_dir),
-        "DATABASE_URL": settings.database_url,
-        "MAX_WORKER_LOSSES": "3",
-        "LEASE_TTL_S": str(settings.lease_ttl_s),
-    }
     log = tmp_path / "pool.log"
-    with open(log, "w") as err:
-        pool = subprocess.Popen(
-            [sys.executable, "-c", EXPORT_WORKER],
-            env=proc_env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-        )
+    pool = start_pool(EXPORT_WORKER, settings, log)
     try:
         for delivery in range(1, 5):
-            pool.stdin.write(f"{job_id} {export.id}\n")
-            pool.stdin.flush()
-            ready, _, _ = select.select([pool.stdout], [], [], 120)
-            line = pool.stdout.readline() if ready else ""
-            assert line, f"no answer from the pool:\n{log.read_text()[-2000:]}"
-            code = int(line)
+            code = int(deliver(pool, log, f"{job_id} {export.id}"))
             state = exports.get(job_id, export.id)
             if delivery <= 3:
                 assert code == -signal.SIGKILL, log.read_text()[-2000:]

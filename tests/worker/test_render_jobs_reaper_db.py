@@ -6,11 +6,8 @@ MAX_WORKER_LOSSES."""
 
 from __future__ import annotations
 
-import os
-import select
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,6 +16,7 @@ from api_schemas.render import RenderRequest
 from api_schemas.tasks import RenderFrameJobTask, RenderPathJobTask
 from core import path_jobs
 from core.celery_config import RENDER_QUEUE, send
+from tests.support.fork_pool import deliver, start_pool
 from tests.worker.test_reaper_db import PATH, _job, env  # noqa: F401  (env: fixture)
 from worker import reaper
 
@@ -95,13 +93,8 @@ for line in sys.stdin:
 
 def _deliver(pool: subprocess.Popen, log: Path, job_id: str, render_id: str, kind: str) -> int:
     """One delivery of the render job in a fresh pool process; its exit code."""
-    pool.stdin.write(f"{job_id} {render_id} {kind}\n")
-    pool.stdin.flush()
-    ready, _, _ = select.select([pool.stdout], [], [], 120)
-    line = pool.stdout.readline() if ready else ""
-    assert line, f"no answer from the pool for {kind}:\n{log.read_text()[-2000:]}"
-    got_kind, code = line.split()
-    assert got_kind == kind, line
+    got_kind, code = deliver(pool, log, f"{job_id} {render_id} {kind}").split()
+    assert got_kind == kind, (got_kind, code)
     return int(code)
 
 
@@ -112,24 +105,8 @@ def test_a_render_job_that_kills_its_worker_is_sent_again_then_fails_at_the_cap(
     job_id = _job(store)
     store.set_status(job_id, JobStatus.succeeded)
     renders = {kind: _queued(settings, job_id, kind) for kind in ("path", "frame")}
-    proc_env = {
-        **os.environ,
-        "DATA_DIR": str(settings.data_dir),
-        "DATABASE_URL": settings.database_url,
-        "MAX_WORKER_LOSSES": "3",
-        "LEASE_TTL_S": str(settings.lease_ttl_s),
-    }
-    proc_env.pop("REDIS_URL", None)
     log = tmp_path / "pool.log"
-    with open(log, "w") as err:
-        pool = subprocess.Popen(
-            [sys.executable, "-c", RENDER_WORKER],
-            env=proc_env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-        )
+    pool = start_pool(RENDER_WORKER, settings, log, without=("REDIS_URL",))
     try:
         for delivery in range(1, 5):
             codes = {
