@@ -1,7 +1,8 @@
 """pycolmap directly on experiments.sfm_capture's 200 px views (true cameras: no distortion):
 an OPENCV camera, which is free to drift into distortion the views do not have, still maps
 every view into one model, and the mapping with distortion held fixed then refined finds the
-lens close to its true zero."""
+lens close to its true zero; on experiments.capture_scene's phone lens the same fit finds the
+lens and truer poses than a pinhole model."""
 
 from __future__ import annotations
 
@@ -88,3 +89,48 @@ def test_auto_mapper_goes_global_from_the_threshold():
     assert choose_mapper("auto", 500, 500) == "global"
     assert choose_mapper("incremental", 5000, 500) == "incremental"
     assert choose_mapper("global", 10, 500) == "global"
+
+
+@pytest.fixture(scope="module")
+def phone_photos(tmp_path_factory):
+    """experiments.capture_scene's room through its phone lens (k1 -0.08, k2 0.02) at the small
+    size where SfM's auto model fits the distortion after mapping: names and true poses."""
+    from experiments.capture_scene import arc_poses, phone_lens, render, room_scene
+
+    d = tmp_path_factory.mktemp("phone")
+    lens, scene, true = phone_lens(180, 320), room_scene(0), {}
+    for i, c2w in enumerate(arc_poses(24)):
+        true[f"IMG_{i:04d}.png"] = c2w
+        rgb = render(scene, lens, c2w, supersample=2)[..., :3]
+        Image.fromarray(np.round(np.clip(rgb, 0, 1) * 255).astype(np.uint8)).save(
+            d / f"IMG_{i:04d}.png"
+        )
+    return d, true
+
+
+def test_small_phone_photos_get_their_lens_fitted_after_mapping(phone_photos, tmp_path):
+    """A pinhole model on a phone lens' photos bends the poses; auto maps with OPENCV's distortion
+    held at zero, fits it at the end over every view, and finds the lens and truer poses."""
+    from experiments.capture_scene import K1
+    from experiments.sfm_models import pose_errors
+    from worker.sfm.camera import choose_model
+
+    d, true = phone_photos
+    model, after = choose_model("auto", 180, 320)
+    assert (model, after) == ("OPENCV", True)
+    runs = {}
+    for name, opts in {
+        "auto": colmap.SfmOptions(model, "exhaustive", threads=2, distortion_after_mapping=after),
+        "pinhole": colmap.SfmOptions("PINHOLE", "exhaustive", threads=2),
+    }.items():
+        r = colmap.run_sfm(d, sorted(true), tmp_path / name, opts)
+        assert len(r.registered) == len(true), (name, len(r.registered), r.n_models)
+        runs[name] = r
+    assert runs["auto"].distortion_fixed_while_mapping
+    (reg, *_) = runs["auto"].registered
+    k1 = dict(zip((n.strip() for n in reg.params_info.split(",")), reg.params))["k1"]
+    assert abs(k1 - K1) < 0.025, k1
+    fitted, _, fitted_centre = pose_errors(runs["auto"].registered, true)
+    pinhole, _, pinhole_centre = pose_errors(runs["pinhole"].registered, true)
+    # measured: 0.55 against 0.82 degrees here; 0.14 against 0.41 with the scene's 50 photos
+    assert fitted < 0.85 * pinhole and fitted_centre < pinhole_centre, (fitted, pinhole)

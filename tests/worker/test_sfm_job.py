@@ -105,7 +105,8 @@ def test_photos_without_poses_register_and_train_like_posed(stack, capture, jobs
     ds = job["dataset"]
     assert ds["sfm"] == "done" and ds["source_format"] == "sfm-images"
     assert ds["n_images"] == N_FRAMES and ds["n_registered"] >= 0.9 * N_FRAMES, ds
-    assert ds["n_points3d"] > 100 and ds["camera_model"] == "PINHOLE"
+    assert ds["n_points3d"] > 100 and ds["camera_model"] == "OPENCV"
+    assert ds["distortion_fixed_while_mapping"]
     assert ds["n_train"] + ds["n_test"] == ds["n_registered"]
 
     transforms = _transforms(stack, job["id"])

@@ -5,22 +5,26 @@ from __future__ import annotations
 from core.scene_format import DISTORTION_KEYS
 
 # Long side from which a capture counts as phone/camera footage: thousands of keypoints pin down
-# OPENCV's eight parameters, and phone lenses need its radial and tangential terms (nerfstudio's
-# ns-process-data fits OPENCV too). Smaller images get PINHOLE: with a few hundred keypoints a
-# free distortion term is poorly constrained (on experiments/sfm_capture.py's 200 px views
-# SIMPLE_RADIAL settled on k1 = -0.54 and poses 12 degrees off; PINHOLE: 0.3 degrees), and a
-# lens' distortion at that size is about a pixel.
+# OPENCV's eight parameters while mapping, and phone lenses need its radial and tangential terms
+# (nerfstudio's ns-process-data fits OPENCV too). Smaller images also get OPENCV, but with the
+# distortion held at zero while mapping and fitted once at the end over every view: with a few
+# hundred keypoints a distortion refined from the first views is poorly constrained (on
+# experiments/sfm_capture.py's 200 px views a free SIMPLE_RADIAL settled on k1 = -0.54 and poses
+# 12 degrees off), while ignoring it costs a phone lens' worth of pose error (on
+# experiments/capture_scene.py's 180x320 photos, k1 = -0.08: PINHOLE 0.41 degrees median, the
+# final fit 0.14; experiments/sfm_models.py).
 OPENCV_MIN_LONG_SIDE = 1000
 MODELS = ("SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV")
 
 
-def choose_model(setting: str, width: int, height: int) -> str:
-    """`setting`: SFM_CAMERA_MODEL ("auto" or one of MODELS)."""
+def choose_model(setting: str, width: int, height: int) -> tuple[str, bool]:
+    """The COLMAP model SfM fits and whether its distortion waits for the end of mapping.
+    `setting`: SFM_CAMERA_MODEL ("auto" or one of MODELS)."""
     if setting != "auto":
         if setting not in MODELS:
             raise ValueError(f"SFM_CAMERA_MODEL {setting!r} is not one of {', '.join(MODELS)}")
-        return setting
-    return "OPENCV" if max(width, height) >= OPENCV_MIN_LONG_SIDE else "PINHOLE"
+        return setting, False
+    return "OPENCV", max(width, height) < OPENCV_MIN_LONG_SIDE
 
 
 def intrinsics(model: str, params_info: str, params) -> dict:

@@ -44,6 +44,9 @@ class SfmOptions:
     single_camera: bool = True  # one camera shared by every image (one device, one zoom)
     vocab_tree_path: Path | None = None
     mapper: str = "incremental"  # COLMAP's incremental mapper | "global" (GLOMAP)
+    # the incremental mapper holds the distortion at zero and one bundle adjustment fits it at
+    # the end, over every view (small images: worker.sfm.camera)
+    distortion_after_mapping: bool = False
 
 
 @dataclass
@@ -302,18 +305,32 @@ def _run_sfm(image_dir, names, work_dir, opts, progress, cancelled, start_pct) -
             done[0] += 1
             report(pct(MATCH_END + (MAP_END - MATCH_END) * min(done[0], len(names)) / len(names)))
 
+        fit_at_end = (
+            opts.distortion_after_mapping
+            and opts.mapper != "global"
+            and opts.camera_model not in NO_DISTORTION_MODELS
+        )
         if opts.mapper == "global":
             models = _global_map(db, image_dir, work_dir / "sparse", opts)
         else:
-            po = _mapping_options(opts, mean_kp)
+            po = _mapping_options(opts, mean_kp, fix_distortion=fit_at_end)
             models = _map(db, image_dir, work_dir / "sparse", po, next_image, watch.token)
         watch.check()
         best = _largest(models)
-        seconds["map"] = time.perf_counter() - t0
         fixed = False
+        if fit_at_end and best is not None:
+            _refine_distortion(best, opts.threads, watch.token)
+            watch.check()
+            fixed = True
+        seconds["map"] = time.perf_counter() - t0
         n_best = best.num_reg_images() if best is not None else 0
         split = len(models) > 1 and n_best < len(names)
-        if split and opts.mapper != "global" and opts.camera_model not in NO_DISTORTION_MODELS:
+        if (
+            split
+            and not fit_at_end
+            and opts.mapper != "global"
+            and opts.camera_model not in NO_DISTORTION_MODELS
+        ):
             # Distortion refined from the first few views can drift far enough that later views
             # no longer fit the model, which then splits (on experiments/sfm_capture.py's 200 px
             # views, OPENCV split 15 + 5 of 24 about one run in five). Mapped again with it held

@@ -257,8 +257,10 @@ def run(job, paths, settings, progress, cancelled, deaths: int = 0) -> dict[str,
             matcher = "vocab_tree"
         else:
             matcher = "exhaustive"
+        model, distortion_after_mapping = choose_model(settings.sfm_camera_model, w, h)
         opts = SfmOptions(
-            camera_model=choose_model(settings.sfm_camera_model, w, h),
+            camera_model=model,
+            distortion_after_mapping=distortion_after_mapping,
             matcher=matcher,
             threads=settings.sfm_threads,
             max_image_size=settings.sfm_max_image_size,
