@@ -265,6 +265,7 @@ def write_scene(
     points_xyz: np.ndarray | None = None,
     points_rgb: np.ndarray | None = None,
     move_images: bool = False,
+    up: np.ndarray | None = None,
 ) -> dict:
     """Write `frames` to the (new or empty) folder `out_dir` in normal form; returns cameras.json.
 
@@ -273,7 +274,9 @@ def write_scene(
     `aabb_scale`: the box half size; default one chosen from the cameras and points
     (`choose_aabb_scale`: 1 for a transparent or flat background). `points_xyz`/`points_rgb`
     (N, 3): sparse points in the world frame, written as points3D.txt. `move_images`: rename image files into place
-    instead of copying them (they must be on the same file system). Raises SceneError.
+    instead of copying them (they must be on the same file system). `up`: the world's up vector
+    when the caller knows it (an SfM world stood upright); otherwise `world_up` of the cameras.
+    Raises SceneError.
     """
     if not frames:
         raise SceneError("no frames")
@@ -338,7 +341,7 @@ def write_scene(
         "normalization": {"scale": float(scale), "offset": np.asarray(offset).tolist()},
         "aabb": [[-half] * 3, [half] * 3],
         "has_alpha": any(s.alpha for s in srcs),
-        "world_up": world_up(c2ws[train]).tolist(),
+        "world_up": (world_up(c2ws[train]) if up is None else np.asarray(up, float)).tolist(),
         "source_format": source_format,
         "source_sizes": sorted({f"{s.w}x{s.h}" for s in srcs}),
     }

@@ -28,6 +28,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from core.scene_format import TEST_EVERY
 from experiments.capture_scene import (
     FOV_Y_DEG,
     arc_poses,
@@ -101,12 +102,14 @@ def row(label: str, kind: str, upload: str, budget: float, job: dict) -> dict:
 
 
 def reordered(photos: dict[str, bytes]) -> dict[str, bytes]:
-    """The unposed photos named in reverse order (pose k becomes DSC_{n-1-k}): SfM starts
-    from other pairs and picks another world frame, and the every-8th held-out split takes
-    other photos, as a second upload of the same capture would."""
+    """The unposed photos renamed in reverse order (DSC_...): SfM starts from other pairs and
+    picks another world frame, as a second upload of the same capture would. The reversal spans
+    the first 8k + 1 photos, so the every-8th held-out split keeps the same photos and the two
+    uploads are scored on the same views."""
     names = list(photos)
-    n = len(names)
-    return {f"images/DSC_{n - 1 - k:04d}.jpg": photos[name] for k, name in enumerate(names)}
+    span = TEST_EVERY * ((len(names) - 1) // TEST_EVERY) + 1
+    order = list(reversed(range(span))) + list(range(span, len(names)))
+    return {f"images/DSC_{k:04d}.jpg": photos[names[i]] for k, i in enumerate(order)}
 
 
 def artifact(stack, job_id: str, name: str) -> bytes | None:

@@ -116,6 +116,9 @@ def test_photos_without_poses_register_and_train_like_posed(stack, capture, jobs
     est, true, sim = align(transforms, capture, _photo_index)
     rot_deg, centre = pose_errors(est, true, sim)
     assert rot_deg < 1.0 and centre < 0.01, (rot_deg, centre)
+    # SfM's world was stood upright: the true world's up (+z) is the recovered one's
+    tilt = np.degrees(np.arccos(np.clip((sim[1] @ [0.0, 0.0, 1.0])[2], -1, 1)))
+    assert tilt < 3, tilt
 
     posed = _held_out_psnr(stack, jobs["posed"]["id"], capture)
     unposed = _held_out_psnr(stack, job["id"], capture, sim)

@@ -143,10 +143,29 @@ def colmap_readable(
     return out_dir, out
 
 
-def nerfstudio_transforms(registered, names: dict[str, str]) -> dict[str, Any]:
+def stand_upright(result) -> np.ndarray:
+    """Rotates the SfM result's cameras and points (in place) into
+    `core.scene_normalize.upright_rotation`'s frame, which render requests then use; returns
+    the rotation (p_upright = R @ p_sfm)."""
+    from core.scene_normalize import upright_rotation
+
+    c2ws = np.tile(np.eye(4), (len(result.registered), 1, 1))
+    for c2w, r in zip(c2ws, result.registered):
+        c2w[:3] = r.world_from_cam
+        c2w[:3, 1:3] *= -1  # OpenCV -> OpenGL camera axes
+    rot = upright_rotation(c2ws) if len(c2ws) else np.eye(3)
+    for r in result.registered:
+        r.world_from_cam = np.concatenate(
+            [rot @ r.world_from_cam[:, :3], rot @ r.world_from_cam[:, 3:]], axis=1
+        )
+    result.points_xyz = np.asarray(result.points_xyz, dtype=np.float64) @ rot.T
+    return rot
+
+
+def nerfstudio_transforms(registered, names: dict[str, str], rot: np.ndarray) -> dict[str, Any]:
     """transforms.json as nerfstudio's ns-process-data writes it (OpenGL camera axes, OPENCV
-    intrinsics), in the SfM world frame, which is also the frame render requests use; so
-    `applied_transform` is the identity."""
+    intrinsics), in the upright frame render requests use; `applied_transform` is the rotation
+    from COLMAP's world frame to it (`rot`, as nerfstudio's orientation)."""
     from worker.sfm.camera import intrinsics
 
     def cam(r) -> dict[str, Any]:
@@ -177,7 +196,7 @@ def nerfstudio_transforms(registered, names: dict[str, str]) -> dict[str, Any]:
     if shared and cams:
         out.update(cams[0])
     out["frames"] = frames
-    out["applied_transform"] = np.eye(4)[:3].tolist()
+    out["applied_transform"] = np.concatenate([rot, np.zeros((3, 1))], axis=1).tolist()
     return out
 
 
@@ -303,6 +322,7 @@ def run(job, paths, settings, progress, cancelled, deaths: int = 0) -> dict[str,
             result, image_dir = undistort(result, cap.image_dir, work / "undistorted")
             summary["undistorted"] = True
             summary["sfm_s"] = round(summary["sfm_s"] + time.perf_counter() - t0, 2)
+        upright = stand_upright(result)
         display = dict(zip(cap.files, cap.names))
         scene = []
         for r in result.registered:
@@ -334,11 +354,12 @@ def run(job, paths, settings, progress, cancelled, deaths: int = 0) -> dict[str,
                 aabb_scale=config.aabb_scale,
                 points_xyz=result.points_xyz,
                 points_rgb=result.points_rgb,
+                up=np.array([0.0, 0.0, 1.0]),  # stand_upright's frame
             )
         except SceneError as exc:
             raise StageError(str(exc)) from None
         paths.artifacts.mkdir(parents=True, exist_ok=True)
-        transforms = nerfstudio_transforms(result.registered, display)
+        transforms = nerfstudio_transforms(result.registered, display, upright)
         # The box the dataset was given (chosen from the cameras and points unless the job set
         # one), as instant-ngp's transforms.json carries it.
         transforms["aabb_scale"] = meta["aabb"][1][0]
