@@ -6,8 +6,8 @@ from core.scene_format import DISTORTION_KEYS
 
 # Long side from which a capture counts as phone/camera footage: thousands of keypoints pin down
 # OPENCV's eight parameters while mapping, and phone lenses need its radial and tangential terms
-# (nerfstudio's ns-process-data fits OPENCV too). Smaller images also get OPENCV, but with the
-# distortion held at zero while mapping and fitted once at the end over every view: with a few
+# (nerfstudio's ns-process-data fits OPENCV too). Smaller images also get OPENCV, but mapped as
+# pinhole cameras and the distortion fitted once at the end over every view: with a few
 # hundred keypoints a distortion refined from the first views is poorly constrained (on
 # experiments/sfm_capture.py's 200 px views a free SIMPLE_RADIAL settled on k1 = -0.54 and poses
 # 12 degrees off), while ignoring it costs a phone lens' worth of pose error (on

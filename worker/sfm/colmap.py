@@ -29,6 +29,10 @@ SMALL_INIT_INLIERS, SMALL_ABS_POSE_INLIERS, SMALL_INIT_TRI_ANGLE = 40, 15, 8.0
 SEED = 0
 # Models whose parameters beyond focal length and principal point are lens distortion.
 NO_DISTORTION_MODELS = ("SIMPLE_PINHOLE", "PINHOLE")
+PINHOLE_PARAMS = ("f", "fx", "fy", "cx", "cy")
+# A lens fitted after mapping is kept when it lowers the mean reprojection error by this share:
+# the capture-like scene's phone lens (k1 -0.08) by 11 %, a fit on undistorted views by < 0.1 %.
+MIN_LENS_GAIN = 0.05
 
 
 class SfmCancelled(Exception):
@@ -44,8 +48,9 @@ class SfmOptions:
     single_camera: bool = True  # one camera shared by every image (one device, one zoom)
     vocab_tree_path: Path | None = None
     mapper: str = "incremental"  # COLMAP's incremental mapper | "global" (GLOMAP)
-    # the incremental mapper holds the distortion at zero and one bundle adjustment fits it at
-    # the end, over every view (small images: worker.sfm.camera)
+    # the incremental mapper maps pinhole cameras, which then become `camera_model` with zero
+    # distortion, fitted by one bundle adjustment over every view (small images:
+    # worker.sfm.camera)
     distortion_after_mapping: bool = False
 
 
@@ -206,13 +211,42 @@ def _largest(models: dict):
     return max(models.values(), key=lambda r: r.num_reg_images(), default=None)
 
 
-def _refine_distortion(rec, threads: int, token) -> None:
-    """One global bundle adjustment of every parameter, distortion included, over a model
-    mapped with the distortion held at zero."""
+def _with_model(rec, model: str) -> None:
+    """Turns the reconstruction's PINHOLE cameras into `model` (OPENCV, RADIAL, ...) with the
+    same focal lengths and principal point and zero distortion."""
+    import pycolmap
+
+    for cam in rec.cameras.values():
+        fx, fy, cx, cy = cam.params
+        new = pycolmap.Camera(model=model, width=cam.width, height=cam.height, params=[])
+        known = {"f": (fx + fy) / 2, "fx": fx, "fy": fy, "cx": cx, "cy": cy}
+        cam.model = new.model
+        cam.params = [known.get(n.strip(), 0.0) for n in new.params_info.split(",")]
+
+
+def _fit_lens_after_mapping(rec, opts: SfmOptions, token) -> None:
+    """`rec`'s PINHOLE cameras become `opts.camera_model`, their distortion fitted over every
+    view, kept only where it explains the matches better by MIN_LENS_GAIN (no lens to fit
+    otherwise: undistorted views, or too few keypoints to tell)."""
+    pinhole_error = rec.compute_mean_reprojection_error()
+    _with_model(rec, opts.camera_model)
+    _refine_distortion(rec, opts.threads, token)
+    if rec.compute_mean_reprojection_error() > (1.0 - MIN_LENS_GAIN) * pinhole_error:
+        for cam in rec.cameras.values():
+            cam.params = [
+                v if n.strip() in PINHOLE_PARAMS else 0.0
+                for n, v in zip(cam.params_info.split(","), cam.params)
+            ]
+        _refine_distortion(rec, opts.threads, token, extra_params=False)
+
+
+def _refine_distortion(rec, threads: int, token, extra_params: bool = True) -> None:
+    """One global bundle adjustment of every parameter, distortion included (unless
+    `extra_params` is False), over a model mapped with the distortion held at zero."""
     import pycolmap
 
     ba = pycolmap.BundleAdjustmentOptions()
-    ba.refine_extra_params = True
+    ba.refine_extra_params = extra_params
     ba.print_summary = False
     ba.ceres.solver_options.num_threads = _threads(threads)
     pycolmap.bundle_adjustment(rec, ba, cancellation_token=token)
@@ -247,6 +281,11 @@ def _run_sfm(image_dir, names, work_dir, opts, progress, cancelled, start_pct) -
     report = progress or (lambda _p: None)
     seconds: dict[str, float] = {}
 
+    fit_at_end = (
+        opts.distortion_after_mapping
+        and opts.mapper != "global"
+        and opts.camera_model not in NO_DISTORTION_MODELS
+    )
     with _Watcher(cancelled) as watch:
         t0 = time.perf_counter()
         eo = pycolmap.FeatureExtractionOptions()
@@ -256,7 +295,7 @@ def _run_sfm(image_dir, names, work_dir, opts, progress, cancelled, start_pct) -
         chunk = max(1, -(-len(names) // EXTRACT_CHUNKS))
         for start in range(0, len(names), chunk):
             ro = pycolmap.ImageReaderOptions()
-            ro.camera_model = opts.camera_model
+            ro.camera_model = "PINHOLE" if fit_at_end else opts.camera_model
             if start and opts.single_camera:
                 ro.existing_camera_id = 1  # later chunks join the first chunk's camera
             pycolmap.extract_features(
@@ -305,21 +344,16 @@ def _run_sfm(image_dir, names, work_dir, opts, progress, cancelled, start_pct) -
             done[0] += 1
             report(pct(MATCH_END + (MAP_END - MATCH_END) * min(done[0], len(names)) / len(names)))
 
-        fit_at_end = (
-            opts.distortion_after_mapping
-            and opts.mapper != "global"
-            and opts.camera_model not in NO_DISTORTION_MODELS
-        )
         if opts.mapper == "global":
             models = _global_map(db, image_dir, work_dir / "sparse", opts)
         else:
-            po = _mapping_options(opts, mean_kp, fix_distortion=fit_at_end)
+            po = _mapping_options(opts, mean_kp)
             models = _map(db, image_dir, work_dir / "sparse", po, next_image, watch.token)
         watch.check()
         best = _largest(models)
         fixed = False
         if fit_at_end and best is not None:
-            _refine_distortion(best, opts.threads, watch.token)
+            _fit_lens_after_mapping(best, opts, watch.token)
             watch.check()
             fixed = True
         seconds["map"] = time.perf_counter() - t0
