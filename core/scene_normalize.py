@@ -127,9 +127,9 @@ def upright_rotation(c2ws: np.ndarray) -> np.ndarray:
 
     Up is the normal of the plane the camera centres spread in, when they do (walked around the
     subject at about one height; FLAT_CAMERAS_RATIO) and it is within 45 degrees of the mean
-    camera up, turned to the side the cameras' up vectors point to; otherwise the mean camera up. The mean alone leans towards what the
-    cameras look down at: 17 degrees on experiments/capture_scene.py's arc, against 4 for the
-    plane's normal.
+    camera up, turned to the side the cameras' up vectors point to; otherwise the mean camera
+    up. The mean alone leans towards what the cameras look down at: 17 degrees on
+    experiments/capture_scene.py's arc, against 4 for the plane's normal.
 
     Args:
         c2ws: (N, 4, 4) OpenGL camera-to-world matrices.
