@@ -7,6 +7,7 @@ lens and truer poses than a pinhole model."""
 from __future__ import annotations
 
 import numpy as np
+import pycolmap
 import pytest
 from PIL import Image
 
@@ -148,3 +149,20 @@ def test_a_lens_fit_that_explains_nothing_is_dropped(images, tmp_path):
         named = dict(zip((n.strip() for n in reg.params_info.split(",")), reg.params))
         assert reg.model == "OPENCV" and named["fx"] > 0, reg
         assert all(named[k] == 0.0 for k in ("k1", "k2", "p1", "p2")), named
+
+
+def test_mapping_continues_from_a_model_that_left_images_out(images, tmp_path):
+    """A model the mapper left with unplaced images (here: four frames taken out of a complete
+    one) is mapped once more from where it stopped, and the images are placed."""
+    d, names = images
+    opts = colmap.SfmOptions("PINHOLE", "exhaustive", threads=2)
+    first = colmap.run_sfm(d, names, tmp_path / "first", opts)
+    assert len(first.registered) == N
+    rec = pycolmap.Reconstruction(first.model_dir)
+    for frame_id in list(rec.reg_frame_ids())[:4]:
+        rec.deregister_frame(frame_id)
+    assert rec.num_reg_images() == N - 4
+    po = colmap._mapping_options(opts, first.mean_keypoints)
+    db = tmp_path / "first" / "database.db"
+    more = colmap._continue(db, d, tmp_path / "again", rec, po, None)
+    assert more.num_reg_images() == N
