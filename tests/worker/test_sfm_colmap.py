@@ -110,8 +110,8 @@ def phone_photos(tmp_path_factory):
 
 
 def test_small_phone_photos_get_their_lens_fitted_after_mapping(phone_photos, tmp_path):
-    """A pinhole model on a phone lens' photos bends the poses; auto maps with OPENCV's distortion
-    held at zero, fits it at the end over every view, and finds the lens and truer poses."""
+    """A pinhole model on a phone lens' photos bends the poses; auto maps pinhole cameras, turns
+    them into OPENCV ones fitted at the end over every view, and finds the lens and truer poses."""
     from experiments.capture_scene import K1
     from experiments.sfm_models import pose_errors
     from worker.sfm.camera import choose_model

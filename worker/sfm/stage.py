@@ -143,16 +143,22 @@ def colmap_readable(
     return out_dir, out
 
 
+def opengl_c2w(world_from_cam: np.ndarray) -> np.ndarray:
+    """A registered image's 3x4 world_from_cam (OpenCV camera axes) as a 4x4 OpenGL c2w."""
+    from core.scene_normalize import OPENCV_TO_OPENGL
+
+    c2w = np.eye(4)
+    c2w[:3] = world_from_cam
+    return c2w @ OPENCV_TO_OPENGL
+
+
 def stand_upright(result) -> np.ndarray:
     """Rotates the SfM result's cameras and points (in place) into
     `core.scene_normalize.upright_rotation`'s frame, which render requests then use; returns
     the rotation (p_upright = R @ p_sfm)."""
     from core.scene_normalize import upright_rotation
 
-    c2ws = np.tile(np.eye(4), (len(result.registered), 1, 1))
-    for c2w, r in zip(c2ws, result.registered):
-        c2w[:3] = r.world_from_cam
-        c2w[:3, 1:3] *= -1  # OpenCV -> OpenGL camera axes
+    c2ws = np.array([opengl_c2w(r.world_from_cam) for r in result.registered])
     rot = upright_rotation(c2ws) if len(c2ws) else np.eye(3)
     for r in result.registered:
         r.world_from_cam = np.concatenate(
@@ -185,9 +191,7 @@ def nerfstudio_transforms(registered, names: dict[str, str], rot: np.ndarray) ->
     shared = all(c == cams[0] for c in cams)
     frames = []
     for r, c in zip(registered, cams):
-        c2w = np.eye(4)
-        c2w[:3] = r.world_from_cam
-        c2w[:3, 1:3] *= -1  # OpenCV -> OpenGL camera axes
+        c2w = opengl_c2w(r.world_from_cam)
         frame = {"file_path": f"images/{names[r.name]}", "transform_matrix": c2w.tolist()}
         if not shared:
             frame.update(c)
