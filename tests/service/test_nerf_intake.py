@@ -335,6 +335,21 @@ def test_missing_image(tmp_path, blender):
     refused(tmp_path, zip_bytes(files), 422, "r_3", "missing")
 
 
+def test_ngp_frames_without_their_photo_are_skipped(tmp_path, blender):
+    # A capture folder pruned after its poses were solved (instant-ngp's fox lists 67 frames and
+    # ships 50 photos) trains on the frames it has and says which it skipped.
+    files = to_ngp(blender)
+    gone = json.loads(files["transforms.json"])["frames"][2]["file_path"]
+    del files[gone]
+    _, summary, cams, _ = run_intake(tmp_path, zip_bytes(files))
+    assert len(cams["frames"]) == N_TRAIN + N_TEST - 1
+    assert gone not in [f["source"] for f in cams["frames"]]
+    assert summary["missing_images"] == {"count": 1, "first": [gone]}
+    # With none of its photos it is still refused.
+    only_json = {"transforms.json": files["transforms.json"]}
+    refused(tmp_path / "none", zip_bytes(only_json), 422, "missing")
+
+
 def test_unreadable_image(tmp_path, blender):
     refused(
         tmp_path,

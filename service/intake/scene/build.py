@@ -68,7 +68,7 @@ def build_dataset(
         for f, i in zip(frames, infos)
     ]
     try:
-        return write_scene(
+        meta = write_scene(
             out_dir,
             scene,
             source_format=parsed.source_format,
@@ -83,6 +83,10 @@ def build_dataset(
         )
     except SceneError as exc:
         raise IntakeError(422, str(exc)) from None
+    if parsed.missing:
+        # Said in the job's dataset summary: the frames trained are not all the pose file lists.
+        meta["missing_images"] = {"count": len(parsed.missing), "first": parsed.missing[:5]}
+    return meta
 
 
 def validate_scene_upload(
@@ -145,6 +149,8 @@ def validate_scene_upload(
         "normalization": meta["normalization"],
         "aabb_scale": meta["aabb"][1][0],  # the upload's, or chosen from its cameras and points
     }
+    if meta.get("missing_images"):
+        summary["missing_images"] = meta["missing_images"]
     if keep_points:
         summary["n_points3d"] = meta.get("n_points3d", 0)
     return cfg.model_dump(mode="json"), summary

@@ -62,6 +62,9 @@ class Parsed:
     aabb_scale: float | None = None
     points_xyz: np.ndarray | None = None
     points_rgb: np.ndarray | None = None
+    # Frames of the pose file whose photo is not in the upload (instant-ngp transforms.json only:
+    # a capture's folder often lists frames culled after its poses were solved).
+    missing: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -232,7 +235,8 @@ def _parse_transforms(
     glob = _intrinsics_of(data, where)
     if blender and glob["fov_x"] is None and glob["fx"] is None:
         raise IntakeError(422, f"{where}: camera_angle_x is missing")
-    out = []
+    out, missing = [], []
+    first_missing: IntakeError | None = None
     for i, fr in enumerate(frames):
         what = f"{where} frame {i}"
         if not isinstance(fr, dict):
@@ -247,7 +251,16 @@ def _parse_transforms(
         merged = {k: (own[k] if own[k] is not None else glob[k]) for k in glob if k != "distortion"}
         dist = {**glob["distortion"], **own["distortion"]}
         _check_distortion(model, dist, what)
-        image = _resolve_file(path.parent, fr.get("file_path"), root, what)
+        try:
+            image = _resolve_file(path.parent, fr.get("file_path"), root, what)
+        except IntakeError as exc:
+            # Blender datasets are complete by construction; an instant-ngp capture is a folder
+            # a user pruned after solving its poses, which instant-ngp itself trains as it is.
+            if blender or "is missing from the upload" not in exc.detail:
+                raise
+            missing.append(str(fr["file_path"]))
+            first_missing = first_missing or exc
+            continue
         mask, keeps_nonzero = None, True
         if fr.get("mask_path") is not None:
             mask = _resolve_file(path.parent, fr["mask_path"], root, what, "mask_path")
@@ -267,7 +280,10 @@ def _parse_transforms(
                 **merged,
             )
         )
+    if not out and first_missing is not None:
+        raise first_missing
     extras = {
+        "missing": missing,
         "scale": _opt_num(data, "scale", where),
         "aabb_scale": _opt_num(data, "aabb_scale", where),
     }
@@ -387,7 +403,14 @@ def parse_dataset(root: Path, work_dir: Path, max_frames: int = 10_000) -> Parse
     ngp = shallowest(root, "transforms.json")
     if ngp is not None:
         frames, extras = _parse_transforms(ngp, root, None, False, max_frames)
-        return Parsed(frames, "ngp", extras["scale"], extras["offset"], extras["aabb_scale"])
+        return Parsed(
+            frames,
+            "ngp",
+            extras["scale"],
+            extras["offset"],
+            extras["aabb_scale"],
+            missing=extras["missing"],
+        )
     model_dir = _colmap_model_dir(root)
     if model_dir is not None:
         return _parse_colmap(model_dir, root, work_dir, max_frames)
