@@ -1,12 +1,21 @@
-"""Fixtures shared by every test module; the stack itself lives in tests/support/stack.py."""
+"""Fixtures shared by every test module; the stack itself lives in tests/support/stack.py.
+
+Nothing here imports a database driver or the service at collection: `pytest tests/kernels` must
+collect on a GPU machine that holds torch and pytest but not psycopg, FastAPI or Celery
+(scripts/gpu_check.sh). tests/support/databases.py (psycopg) is imported by the fixtures that
+use it, when they run.
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.support.databases import KINDS, database, postgres_database
 from tests.support.s3 import s3_bucket, s3_server  # noqa: F401  (fixtures)
 from tests.support.stack import png_bytes, stack_maker
+
+# tests.support.databases.KINDS, spelled out so that collecting the params imports no psycopg
+# (test_db_kinds_match_the_support_module holds the two together).
+DB_KINDS = ("sqlite", "postgresql")
 
 
 @pytest.fixture
@@ -28,10 +37,12 @@ def photo_png() -> bytes:
     return png_bytes()
 
 
-@pytest.fixture(params=KINDS)
+@pytest.fixture(params=DB_KINDS)
 def db_url(request, tmp_path):
     """A migrated database's SQLAlchemy URL, once per kind: an SQLite file under tmp_path, then a
     PostgreSQL database made for the test and dropped after it."""
+    from tests.support.databases import database
+
     with database(request.param, tmp_path) as url:
         yield url
 
@@ -39,5 +50,7 @@ def db_url(request, tmp_path):
 @pytest.fixture
 def pg_url():
     """An empty (unmigrated) PostgreSQL database made for the test and dropped after it."""
+    from tests.support.databases import postgres_database
+
     with postgres_database() as url:
         yield url
