@@ -8,6 +8,8 @@ NEEDED=(
   "redis-server:redis-server"
   "chromium:chromium"  # tests/test_web.py drives the page in headless Chromium (Playwright)
   "docker-compose:docker-compose"  # tests/test_compose_files.py validates the compose files (`config`, no engine)
+  "node:nodejs"  # tests/worker/test_exports_splat_formats.py reads the splat exports with npm's readers
+  "npm:npm"  # ... installed from tools/splat-readers/package-lock.json by the tests (`npm ci`)
 )
 
 missing=()

@@ -1,6 +1,8 @@
-"""`.spz` export (worker/exports/spz.py) read back by an independent reader, gsply (a PyPI package
-that reads Niantic's format with its own decoder), and through the real export API from a job
-trained with strategy mcmc and the antialiasing filter."""
+"""`.spz` export (worker/exports/spz.py), versions 4 (ZSTD, the default) and 3 (gzip), read back
+by an independent reader, gsply (a PyPI package that reads Niantic's format with its own decoder),
+and through the real export API from a job trained with strategy mcmc and the antialiasing
+filter. (tests/worker/test_exports_splat_formats.py reads them with Niantic's own library and
+PlayCanvas' splat-transform.)"""
 
 from __future__ import annotations
 
@@ -31,8 +33,10 @@ def read(tmp_path, data: bytes):
 
 
 def header(data: bytes) -> tuple:
-    """(magic, version, points, sh degree, fractional bits, flags, reserved), per the spec."""
-    return struct.unpack("<IIIBBBB", gzip.decompress(data)[:16])
+    """(magic, version, points, sh degree, fractional bits, flags, reserved (v3) or number of
+    streams (v4)), per the spec: version 3 is one gzip stream, version 4's header is plain."""
+    head = gzip.decompress(data)[:16] if data[:2] == b"\x1f\x8b" else data[:16]
+    return struct.unpack("<IIIBBBB", head)
 
 
 def gaussians(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -45,14 +49,17 @@ def gaussians(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
     return p
 
 
-def test_round_trip_through_an_independent_reader(tmp_path):
+@pytest.mark.parametrize("version", [4, 3])
+def test_round_trip_through_an_independent_reader(tmp_path, version):
     n, norm = 500, {"scale": 0.25, "offset": [10.0, -3.0, 2.0]}
     p = gaussians(n)
-    data, written = spz_bytes(p, norm, antialiased=True)
+    data, written = spz_bytes(p, norm, antialiased=True, version=version)
     assert written == n
-    magic, version, count, degree, bits, flags, reserved = header(data)
-    assert (magic, version, count, degree, flags & 1, reserved) == (0x5053474E, 3, n, 3, 1, 0)
-    assert header(spz_bytes(p, norm)[0])[5] == 0  # no filter, no flag
+    magic, got_version, count, degree, bits, flags, last = header(data)
+    assert (magic, got_version, count, degree, flags & 1) == (0x5053474E, version, n, 3, 1)
+    assert last == (6 if version == 4 else 0)  # v4: six ZSTD streams; v3: reserved
+    assert (data[:2] == b"\x1f\x8b") == (version == 3)
+    assert header(spz_bytes(p, norm, version=version)[0])[5] == 0  # no filter, no flag
 
     got = read(tmp_path, data)
     world = p["means"].double().numpy() / 0.25 + np.array(norm["offset"])
@@ -115,6 +122,10 @@ def test_export_api_spz_of_an_mcmc_antialiased_job(fs_stack, tmp_path):
     assert 1000 < m["n_gaussians"] <= 1100 and m["densifications"] >= 2
     state, data = export(fs_stack, job["id"], {"format": "spz"})
     assert state["artifact"].endswith(".spz") and state["stats"]["antialiased"] is True
+    assert header(data)[1] == 4 == state["stats"]["version"]  # version 4 unless asked
+    _, v3 = export(fs_stack, job["id"], {"format": "spz", "options": {"version": 3}})
+    assert header(v3)[1] == 3 and v3[:2] == b"\x1f\x8b"
+    np.testing.assert_array_equal(read(tmp_path, v3).means, read(tmp_path, data).means)
     assert (
         header(data)[5] & 1 and header(data)[2] == m["n_gaussians"] == state["stats"]["gaussians"]
     )
@@ -124,7 +135,8 @@ def test_export_api_spz_of_an_mcmc_antialiased_job(fs_stack, tmp_path):
     assert np.linalg.norm(np.median(got.means[opaque], 0) - centre @ F) < 0.25
     _, ply = export(fs_stack, job["id"], {"format": "gaussians"})
     assert b"comment antialiased 1" in ply[:200] and len(data) < len(ply) / 4
-    r = fs_stack.client.post(
-        f"/v1/jobs/{job['id']}/exports", json={"format": "spz", "options": {"n_points": 3}}
-    )
-    assert r.status_code == 422
+    for options in ({"n_points": 3}, {"version": 2}):
+        r = fs_stack.client.post(
+            f"/v1/jobs/{job['id']}/exports", json={"format": "spz", "options": options}
+        )
+        assert r.status_code == 422, (options, r.text)

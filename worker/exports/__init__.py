@@ -1,5 +1,5 @@
-"""Exports of trained scenes (task `nf.export`): meshes and point clouds of nerf jobs, the 3DGS
-PLY, `.splat` files and point clouds of splat jobs. The API has validated the format against the
+"""Exports of trained scenes (task `nf.export`): meshes and point clouds of nerf jobs; the 3DGS
+PLY, `.splat`, `.spz`, SOG, compressed PLY and glTF files, meshes and point clouds of splat jobs. The API has validated the format against the
 job's kind and the options against the format (api_schemas/exports.py); state is kept in
 the exports table (core/exports.py) and the file is written to the job's artifacts."""
 
@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from api_schemas.exports import MESH_FORMATS, ExportFormat, ExportOptions, ExportStatus
+from api_schemas.jobs import JobKind
 from core.exports import ExportNotFound, ExportStore
 from core.storage import without_paths
 from core.store import JobNotFound, JobStore
@@ -25,24 +26,41 @@ STEMS = {
     ExportFormat.gaussians: ("gaussians", "ply"),
     ExportFormat.splat: ("scene", "splat"),
     ExportFormat.spz: ("scene", "spz"),
+    ExportFormat.sog: ("scene", "sog"),
+    ExportFormat.compressed_ply: ("scene", "compressed.ply"),
+    ExportFormat.mesh: ("mesh", "glb"),  # the extension is options.format's
 }
+# formats whose file differs by the job's kind: a splat job's glb holds its Gaussians
+STEMS_BY_KIND = {(JobKind.splat, ExportFormat.glb): ("scene", "glb")}
 
 
-def artifact_name(export_id: str, fmt: ExportFormat) -> str:
-    stem, ext = STEMS[fmt]
+def artifact_name(
+    export_id: str,
+    fmt: ExportFormat,
+    kind: JobKind | str | None = None,
+    options: dict[str, Any] | None = None,
+) -> str:
+    fmt = ExportFormat(fmt)
+    stem, ext = STEMS_BY_KIND.get((JobKind(kind) if kind else None, fmt), STEMS[fmt])
+    if fmt == ExportFormat.mesh:
+        ext = (options or {}).get("format") or ext
     return f"{stem}-{export_id[:8]}.{ext}"
 
 
-def export_options(fmt: ExportFormat, stored: dict[str, Any]) -> ExportOptions:
+def export_options(
+    fmt: ExportFormat, stored: dict[str, Any], kind: JobKind | str | None = None
+) -> ExportOptions:
     """An export's options as stored (as the client gave them), validated once, with each option
-    the format reads and the client left out filled in from the schema's defaults."""
-    return stored_config(ExportOptions, stored, "export options").with_defaults(fmt)
+    the format reads (for a job of `kind`) and the client left out filled in from the schema's
+    defaults."""
+    kind = JobKind(kind) if kind else None
+    return stored_config(ExportOptions, stored, "export options").with_defaults(fmt, kind)
 
 
 def _nerf(job, checkpoint, paths, fmt: ExportFormat, stored: dict[str, Any]):
     from worker.jobs.nerf import JOB
 
-    options = export_options(fmt, stored)
+    options = export_options(fmt, stored, JobKind.nerf)
     model, _ = JOB.model_for(checkpoint)
     if fmt in MESH_FORMATS:
         from worker.exports.nerf_mesh import mesh_export
@@ -59,7 +77,7 @@ def _splat(job, checkpoint, paths, fmt: ExportFormat, stored: dict[str, Any]):
     from worker.exports.splat_files import splat_bytes, splat_point_cloud
     from worker.jobs.splat import JOB
 
-    options = export_options(fmt, stored)
+    options = export_options(fmt, stored, JobKind.splat)
 
     model, _ = JOB.model_for(checkpoint)
     if fmt == ExportFormat.gaussians:
@@ -79,8 +97,28 @@ def _splat(job, checkpoint, paths, fmt: ExportFormat, stored: dict[str, Any]):
             model.normalization,
             model.antialiased,
             options.min_opacity,
+            int(options.version),
         )
+        stats = {"gaussians": n, "antialiased": model.antialiased, "version": int(options.version)}
+        return data, stats
+    writers = {
+        ExportFormat.sog: ("worker.exports.sog", "sog_bytes"),
+        ExportFormat.compressed_ply: ("worker.exports.compressed_ply", "compressed_ply_bytes"),
+        ExportFormat.glb: ("worker.exports.gltf_splat", "glb_bytes"),
+    }
+    if fmt in writers:
+        import importlib
+
+        module, name = writers[fmt]
+        write = getattr(importlib.import_module(module), name)
+        data, n = write(model.params, model.normalization, model.antialiased, options.min_opacity)
         return data, {"gaussians": n, "antialiased": model.antialiased}
+    if fmt == ExportFormat.mesh:
+        from worker.exports.splat_mesh import splat_mesh_export
+        from worker.scene.dataset import Dataset, read_meta
+
+        dataset = Dataset(paths.dataset, "train", read_meta(paths.dataset))
+        return splat_mesh_export(model, dataset, options)
     return splat_point_cloud(
         model.params,
         model.normalization,
@@ -91,7 +129,7 @@ def _splat(job, checkpoint, paths, fmt: ExportFormat, stored: dict[str, Any]):
 
 MAKERS: dict[str, Callable] = {"nerf": _nerf, "splat": _splat}
 # (kind, format) of the exports that read the training photos besides the checkpoint
-NEEDS_DATASET = {("nerf", ExportFormat.point_cloud)}
+NEEDS_DATASET = {("nerf", ExportFormat.point_cloud), ("splat", ExportFormat.mesh)}
 
 
 def short_error(exc: BaseException) -> str:
@@ -154,7 +192,7 @@ def _run(
             if (job.kind.value, export.format) in NEEDS_DATASET:
                 storage.pull(job_id, "dataset/")
             data, stats = maker(job, checkpoint, paths, export.format, export.options)
-        name = artifact_name(export_id, export.format)
+        name = artifact_name(export_id, export.format, job.kind, export.options)
         storage.put_bytes(job_id, f"artifacts/{name}", data)
     except Exception as exc:
         if not isinstance(exc, ExportError):

@@ -43,6 +43,36 @@ def world_gaussians(params: dict[str, torch.Tensor], normalization: dict | None)
     }
 
 
+def world_table(
+    params: dict[str, torch.Tensor], normalization: dict | None, min_opacity: float = 0.0
+) -> dict:
+    """world_gaussians of the Gaussians at least `min_opacity` opaque, with their SH as stored:
+    `sh_dc` (n, 3) and `sh_rest` (n, K, 3), K = 0, 3, 8 or 15 (coefficient-major, RGB inner)."""
+    g = world_gaussians(params, normalization)
+    keep = np.flatnonzero(g["opacity"] >= min_opacity)
+    out = {k: v[keep] for k, v in g.items()}
+    out["sh_dc"] = _np(params["sh_dc"])[keep]
+    out["sh_rest"] = _np(params["sh_rest"])[keep].reshape(len(keep), -1, 3)
+    out["degree"] = {0: 0, 3: 1, 8: 2, 15: 3}[out["sh_rest"].shape[1]]
+    return out
+
+
+def morton_order(points: np.ndarray, bits: int = 10) -> np.ndarray:
+    """Indices that sort points (n, 3) along a Morton (Z-order) curve of their bounding box, as
+    SuperSplat's writers order Gaussians so that neighbours share chunks and texture rows."""
+    if len(points) == 0:
+        return np.zeros(0, np.int64)
+    lo, hi = points.min(0), points.max(0)
+    span = np.where(hi - lo > 0, hi - lo, 1.0)
+    q = np.clip(((points - lo) / span * ((1 << bits) - 1)).round(), 0, (1 << bits) - 1)
+    q = q.astype(np.uint64)
+    code = np.zeros(len(points), np.uint64)
+    for b in range(bits):
+        for axis in range(3):
+            code |= ((q[:, axis] >> np.uint64(b)) & np.uint64(1)) << np.uint64(3 * b + axis)
+    return np.argsort(code, kind="stable")
+
+
 def splat_bytes(params: dict[str, torch.Tensor], normalization: dict | None, min_opacity=0.0):
     """(.splat bytes, number of Gaussians written)."""
     g = world_gaussians(params, normalization)

@@ -1,9 +1,7 @@
 """`.spz`, Niantic's open compressed splat format (github.com/nianticlabs/spz, load-spz.cc),
-version 3 in its gzip container:
+version 4 (its ZSTD container, the default: what SuperSplat writes and the PlayCanvas engine
+reads) or version 3 (one gzip stream, for older readers). The sections are the same in both:
 
-    header (16 bytes, little-endian): magic 0x5053474e ("NGSP"), version u32 = 3, points u32,
-        SH degree u8, fractional bits u8, flags u8 (0x1: trained with the antialiasing filter),
-        reserved u8 = 0
     positions  3 x 24-bit signed fixed point per Gaussian (value * 2^fractional_bits)
     alphas     u8 = sigmoid(opacity) * 255
     colours    u8 = SH DC * 0.15 * 255 + 127.5 (per channel)
@@ -14,7 +12,17 @@ version 3 in its gzip container:
     SH         u8 per coefficient and channel (coefficient-major, RGB inner) = c * 128 + 128,
                rounded to 5 bits for band 1 and 4 bits above (as Niantic's packer)
 
-The whole stream is gzip'd. SPZ holds scenes in RUB axes (OpenGL/three.js); a 3DGS PLY is read as
+Version 3: a 16-byte header (little-endian: magic 0x5053474e "NGSP", version u32 = 3, points
+u32, SH degree u8, fractional bits u8, flags u8 (0x1: trained with the antialiasing filter),
+reserved u8 = 0), then the sections in that order, the whole stream gzip'd.
+
+Version 4: a 32-byte header, not compressed (magic, version u32 = 4, points u32, SH degree u8,
+fractional bits u8, flags u8, number of streams u8 (5, or 6 with SH), byte offset of the table of
+contents u32 = 32 (no header extensions), 12 reserved bytes = 0), the table of contents (per
+stream: compressed size u64, uncompressed size u64), then each section as its own ZSTD frame
+(level 12, as Niantic's writer), in section order.
+
+SPZ holds scenes in RUB axes (OpenGL/three.js); a 3DGS PLY is read as
 RDF, so the Gaussians are converted as Niantic's tools convert a PLY (y and z negated; rotations
 and SH bands to match): a viewer shows the .spz as it shows point_cloud.ply.
 """
@@ -27,11 +35,15 @@ import struct
 
 import numpy as np
 import torch
+import zstandard
 
 from worker.exports.splat_files import world_gaussians
 
 MAGIC = 0x5053474E
-VERSION = 3
+VERSION = 4
+VERSIONS = (3, 4)
+HEADER_V4_BYTES = 32
+ZSTD_LEVEL = 12  # Niantic's writer's level
 FLAG_ANTIALIASED = 0x1
 COLOR_SCALE = 0.15
 # Sign of each SH coefficient (band order 1..3, as the model stores them) under (x, y, z) ->
@@ -75,8 +87,11 @@ def spz_bytes(
     normalization: dict | None,
     antialiased: bool = False,
     min_opacity: float = 0.0,
+    version: int = VERSION,
 ) -> tuple[bytes, int]:
-    """(.spz bytes, number of Gaussians written)."""
+    """(.spz bytes of `version` 4 or 3, number of Gaussians written)."""
+    if version not in VERSIONS:
+        raise ValueError(f"spz version {version} is not written (only {VERSIONS})")
     g = world_gaussians(params, normalization)
     keep = np.flatnonzero(g["opacity"] >= min_opacity)
     n = len(keep)
@@ -101,9 +116,18 @@ def spz_bytes(
     sh = np.concatenate([_quantize_sh(rest[:, :3], 5), _quantize_sh(rest[:, 3:], 4)], 1).reshape(
         n, -1
     )
+    flags = FLAG_ANTIALIASED if antialiased else 0
+    sections = [a.tobytes() for a in (pos, alphas, colours, scales, rots, sh.astype(np.uint8))]
+    if version == 3:
+        header = struct.pack("<IIIBBBB", MAGIC, 3, n, degree, bits, flags, 0)
+        # level 6 (zlib's default): 3 % larger than 9 on trained models, 14x faster to write
+        return gzip.compress(header + b"".join(sections), compresslevel=6, mtime=0), n
+    if degree == 0:
+        sections = sections[:5]  # no SH stream when there are no SH bands
+    zstd = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+    frames = [zstd.compress(sec) for sec in sections]
     header = struct.pack(
-        "<IIIBBBB", MAGIC, VERSION, n, degree, bits, FLAG_ANTIALIASED if antialiased else 0, 0
+        "<IIIBBBBI12x", MAGIC, 4, n, degree, bits, flags, len(frames), HEADER_V4_BYTES
     )
-    body = b"".join(a.tobytes() for a in (pos, alphas, colours, scales, rots, sh.astype(np.uint8)))
-    # level 6 (zlib's default): 3 % larger than 9 on trained models, 14x faster to write
-    return gzip.compress(header + body, compresslevel=6, mtime=0), n
+    toc = b"".join(struct.pack("<QQ", len(f), len(sec)) for f, sec in zip(frames, sections))
+    return header + toc + b"".join(frames), n

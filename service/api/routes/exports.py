@@ -9,13 +9,13 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 
 from api_schemas.exports import (
     FORMATS_BY_KIND,
-    OPTIONS_BY_FORMAT,
     Export,
     ExportList,
     ExportRequest,
     ExportStatus,
+    options_for,
 )
-from api_schemas.jobs import JobStatus
+from api_schemas.jobs import JobKind, JobStatus
 from core.exports import ExportNotFound, ExportStore
 from core.settings import Settings
 from core.store import JobStore
@@ -37,9 +37,9 @@ def _exports(request: Request) -> ExportStore:
     return ExportStore(get_storage(request))
 
 
-def _check_options(req: ExportRequest, settings: Settings) -> dict:
+def _check_options(req: ExportRequest, settings: Settings, kind: JobKind) -> dict:
     given = req.options.model_dump(exclude_none=True)
-    allowed = OPTIONS_BY_FORMAT[req.format]
+    allowed = options_for(req.format, kind)
     extra = sorted(set(given) - set(allowed))
     if extra:
         raise HTTPException(
@@ -87,7 +87,7 @@ def create_export(
             f"format {req.format.value!r} is not available for {job.kind.value} jobs"
             + (f"; use one of: {', '.join(f.value for f in formats)}" if formats else ""),
         )
-    options = _check_options(req, settings)
+    options = _check_options(req, settings, job.kind)
     if job.status != JobStatus.succeeded:
         raise HTTPException(409, f"job is {job.status.value}; exports need a succeeded job")
     exports = _exports(request)
