@@ -25,9 +25,10 @@ TORCH_PIP_ARGS = $(shell TORCH_VERSION='$(TORCH_VERSION)' TORCH_BUILD='$(TORCH_B
 # the installed torch's version, read from its metadata (importing torch takes seconds)
 HAVE_TORCH = $(shell $(PY) -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null)
 
-$(VENV)/.installed: pyproject.toml | $(PY)
+$(VENV)/.installed: pyproject.toml clients/python/pyproject.toml | $(PY)
 	$(if $(HAVE_TORCH),@echo "torch $(HAVE_TORCH) already installed",$(eval TORCH_ARGS := $(TORCH_PIP_ARGS))$(if $(filter FAIL,$(TORCH_ARGS)),@exit 2,$(PIP) install $(TORCH_ARGS)))
 	$(PIP) install -e '.[worker,dev]'
+	$(PIP) install -e ./clients/python
 	touch $@
 
 install: $(VENV)/.installed

@@ -28,5 +28,8 @@ class Upload(BaseModel):
     part_urls: list[str] = Field(
         description="presigned PUT URL of each part, in order; keep no headers of your own"
     )
-    expires_in_s: int = Field(description="the URLs and the upload lapse after this")
+    expires_in_s: int = Field(
+        description="the part URLs lapse after this; the upload (its reservation) lapses after "
+        "twice this unless completed"
+    )
     complete_url: str = Field(description="POST here once every part is in")

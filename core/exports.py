@@ -6,7 +6,9 @@ the one already made (or being made) instead of running it again. The worker run
 holds its lease (core/leases.py, kind `export`) and renews it; a `running` export whose lease is
 free lost its worker (killed, its host gone), and asking for it again starts it again. Each
 delivery is counted on the lease, so an export that kills its worker fails after
-MAX_WORKER_LOSSES instead of taking one worker after another."""
+MAX_WORKER_LOSSES instead of taking one worker after another. While the worker holds
+the lease (`running`), each update checks in its transaction that the lease is still that claim's
+holder's (core.leases.fence), so a worker whose lease was taken over writes nothing more."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from sqlalchemy.orm import Session
 from api_schemas.exports import Export, ExportFormat, ExportStatus
 from core import leases
 from core.db import migrate
-from core.db.engine import database_url, session
+from core.db.engine import database_url, db_now, session
 from core.db.exports import ExportRow
 from core.db.leases import EXPORT, Lease
 from core.store import utcnow
@@ -80,6 +82,7 @@ class ExportStore:
         migrate.ensure(database_url(settings))
         self.storage = storage
         self.settings = settings
+        self._fence: leases.Claim | None = None  # set while `running` holds the lease
 
     def _row(self, s: Session, job_id: str, eid: str, lock: bool = False) -> ExportRow:
         if not valid_export_id(eid):
@@ -93,17 +96,24 @@ class ExportStore:
     @contextmanager
     def running(self, job_id: str, eid: str, ttl_s: float | None = None) -> Iterator[Any]:
         """The export's lease, held and renewed while the worker runs it: yields its claim (the
-        worker losses so far), or None when another live worker runs it."""
+        worker losses so far), or None when another live worker runs it. While held, this
+        store's updates are fenced by the claim (LeaseLost once another holder has it)."""
         ttl = self.settings.lease_ttl_s if ttl_s is None else ttl_s
         subject = lease_subject(job_id, eid)
         with leases.held(self.settings, EXPORT, subject, ttl, job_id=job_id) as claim:
-            yield claim
+            previous = self._fence
+            if claim is not None:
+                self._fence = claim
+            try:
+                yield claim
+            finally:
+                self._fence = previous
 
     def _orphaned(self, s: Session, row: ExportRow) -> bool:
         if row.status != ExportStatus.running.value:
             return False
         lease = s.get(Lease, (EXPORT, lease_subject(row.job_id, row.id)))
-        return leases.free(lease)
+        return leases.free(lease, db_now(s))
 
     def get(self, job_id: str, eid: str) -> Export:
         with session(self.settings) as s:
@@ -163,6 +173,7 @@ class ExportStore:
     def update(self, job_id: str, eid: str, **fields: Any) -> Export:
         with session(self.settings, write=True) as s:
             row = self._row(s, job_id, eid, lock=True)
+            leases.fence(s, self._fence)
             export = to_model(row).model_copy(update={**fields, "updated_at": utcnow()})
             # validate what was set (model_copy does not)
             export = Export.model_validate(export.model_dump())

@@ -4,7 +4,15 @@ A claim is one transaction that locks the lease row (`SELECT ... FOR UPDATE`; SQ
 lock) and takes it when nobody holds it, its holder's expiry has passed, or its holder is a
 process of this very host that no longer exists (a SIGKILLed worker need not wait out its TTL
 for its redelivered message to be taken). Holders renew the expiry every TTL / 4 from a thread.
-Expiries are the claiming host's clock: hosts are assumed NTP-synchronised, well within a TTL.
+Expiries are written and judged with the database's clock (core.db.engine.db_now), never a
+host's: a claimant whose clock runs ahead cannot take a lease early.
+
+The holder name is a token of one claim (one delivery of the work): writes made on the work's
+behalf check it in their own transaction (`fence`: the lease row still names this holder, read
+under a lock a claim must wait for), so a holder that lost its lease cannot write any more once
+another holder has it. `held` also runs a watchdog that sets the claim's `lost` at the last
+successful renewal + TTL - TTL/4 by this host's monotonic clock, whatever the renewal call is
+doing (a call hanging behind a dead proxy included): before anybody else can claim the lease.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from core.db.engine import insert_if_missing, session
+from core.db.engine import db_now, insert_if_missing, session
 from core.db.leases import Lease
 
 log = logging.getLogger(__name__)
@@ -96,6 +104,11 @@ def free(lease: Lease | None, now: datetime | None = None, *, local: bool = True
 
 
 # -- claims -----------------------------------------------------------------------------------
+class LeaseLost(Exception):
+    """The lease is no longer this holder's (or could not be confirmed in time): the work
+    stops, and leaves what it would have written to the lease's new holder."""
+
+
 @dataclass(frozen=True)
 class Claim:
     kind: str
@@ -137,7 +150,7 @@ def claim(
     holder = holder or new_holder()
     with session(settings, write=True) as s:
         row = locked(s, kind, subject, job_id)
-        now = utcnow()
+        now = db_now(s)
         if not free(row, now):
             return None
         if count:
@@ -159,9 +172,26 @@ def renew(settings, claim_: Claim, ttl_s: float) -> bool:
                 Lease.subject == claim_.subject,
                 Lease.holder == claim_.holder,
             )
-            .values(expires_at=utcnow() + timedelta(seconds=ttl_s))
+            .values(expires_at=db_now(s) + timedelta(seconds=ttl_s))
         ).rowcount
     return n == 1
+
+
+def fence(s: Session, claim_: Claim | None) -> None:
+    """Inside a write's own transaction: raise LeaseLost (and set the claim's `lost`) unless the
+    lease still names `claim_`'s holder. The row is read under a lock (FOR SHARE on PostgreSQL;
+    SQLite's write lock is held from BEGIN), so a claim taking it over waits for this
+    transaction to end, or this one sees the new holder. None: an unfenced write."""
+    if claim_ is None:
+        return
+    holder = s.execute(
+        select(Lease.holder)
+        .where(Lease.kind == claim_.kind, Lease.subject == claim_.subject)
+        .with_for_update(read=True)
+    ).scalar_one_or_none()
+    if holder != claim_.holder:
+        claim_.lost.set()
+        raise LeaseLost(f"the {claim_.kind} lease of {claim_.subject} is another holder's")
 
 
 def release(settings, claim_: Claim, *, close: bool = True) -> None:
@@ -192,6 +222,24 @@ def forget_job(s: Session, job_id: str) -> None:
     s.execute(delete(Lease).where(Lease.job_id == job_id))
 
 
+def _bounded(fn: Callable[[], None], timeout_s: float, what: str) -> None:
+    """Run `fn` in a thread for at most `timeout_s` (a call to an unreachable database may
+    hang until its TCP timeout); left running past that, it is logged and abandoned."""
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            fn()
+        except Exception:
+            log.warning("%s failed", what, exc_info=True)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=what[:15], daemon=True).start()
+    if not done.wait(timeout_s):
+        log.warning("%s did not finish in %.0f s; left behind", what, timeout_s)
+
+
 @contextmanager
 def held(
     settings,
@@ -206,14 +254,16 @@ def held(
 ) -> Iterator[Claim | None]:
     """Claim (trying again for up to `wait_s`, unless `give_up()`), renew every TTL / 4 while
     the body runs, release after it. Yields None (and runs the body) when another holder has
-    the lease. The claim's `lost` is set once the lease is another holder's, or renewals have
-    failed for a whole TTL (the database unreachable: the lease may have run out and been
-    taken elsewhere); the body is expected to check it and stop. A process killed inside the
-    body releases nothing: its lease runs out, or is found dead by a claimant on this machine
-    (a moment after the kill, once its parent has reaped it: hence `wait_s` for redelivered
-    work)."""
+    the lease. The claim's `lost` is set once the lease is another holder's, or by the watchdog
+    at the last successful renewal + TTL - TTL/4 (this host's monotonic clock, from the moment
+    that renewal was sent: the database's expiry is no earlier), even while a renewal call
+    hangs; the body is expected to check it and stop, and its fenced writes are refused once
+    another holder has the lease. A process killed inside the body releases nothing: its lease
+    runs out, or is found dead by a claimant on this machine (a moment after the kill, once
+    its parent has reaped it: hence `wait_s` for redelivered work)."""
     deadline = time.monotonic() + wait_s
     while True:
+        sent = time.monotonic()
         got = claim(settings, kind, subject, ttl_s, job_id=job_id, count=count)
         if got is not None or time.monotonic() >= deadline or (give_up and give_up()):
             break
@@ -222,37 +272,56 @@ def held(
         yield None
         return
     stop = threading.Event()
+    margin = ttl_s / 4
+    renewed = [sent]  # when the last successful renewal (or the claim) was sent
 
     def renewing() -> None:
-        renewed = time.monotonic()
-        while not stop.wait(ttl_s / 4):
+        while not stop.wait(ttl_s / 4) and not got.lost.is_set():
+            started = time.monotonic()
             try:
-                if not renew(settings, got, ttl_s):
-                    log.error("lease %s/%s was taken over by another holder", kind, subject)
-                    got.lost.set()
-                    return
-                renewed = time.monotonic()
+                mine = renew(settings, got, ttl_s)
             except Exception:
                 log.warning("lease %s/%s renewal failed", kind, subject, exc_info=True)
-                if time.monotonic() - renewed >= ttl_s:
-                    log.error(
-                        "lease %s/%s not renewed for %.0f s (its TTL): another holder may have "
-                        "it; giving it up",
-                        kind,
-                        subject,
-                        ttl_s,
-                    )
-                    got.lost.set()
-                    return
+                continue
+            if not mine:
+                log.error("lease %s/%s was taken over by another holder", kind, subject)
+                got.lost.set()
+                return
+            if not got.lost.is_set():
+                renewed[0] = started
 
-    thread = threading.Thread(target=renewing, name=f"lease-{kind}-{subject[:8]}", daemon=True)
-    thread.start()
+    def watchdog() -> None:
+        while not got.lost.is_set():
+            left = renewed[0] + ttl_s - margin - time.monotonic()
+            if left <= 0:
+                log.error(
+                    "lease %s/%s not renewed for %.1f s (its TTL %.0f s less a margin of "
+                    "%.1f s): another holder may have it soon; giving it up",
+                    kind,
+                    subject,
+                    time.monotonic() - renewed[0],
+                    ttl_s,
+                    margin,
+                )
+                got.lost.set()
+                return
+            if stop.wait(left):
+                return
+
+    threads = [
+        threading.Thread(target=fn, name=f"lease-{name}-{subject[:8]}", daemon=True)
+        for name, fn in (("renew", renewing), ("watch", watchdog))
+    ]
+    for thread in threads:
+        thread.start()
     try:
         yield got
     finally:
         stop.set()
-        thread.join(timeout=5)
-        try:
-            release(settings, got, close=count)
-        except Exception:
-            log.warning("could not release lease %s/%s", kind, subject, exc_info=True)
+        for thread in threads:
+            thread.join(timeout=1)
+        _bounded(
+            lambda: release(settings, got, close=count),
+            max(ttl_s / 4, 5.0),
+            f"lease {kind}/{subject} release",
+        )

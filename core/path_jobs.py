@@ -133,12 +133,22 @@ def request_of(paths: JobPaths | str, render_id: str, settings=None) -> dict[str
         return _row(s, paths, render_id).request
 
 
-def update(paths: JobPaths | str, render_id: str, settings=None, **changes: Any) -> dict[str, Any]:
+def update(
+    paths: JobPaths | str,
+    render_id: str,
+    settings=None,
+    fence: leases.Claim | None = None,
+    **changes: Any,
+) -> dict[str, Any]:
+    """Set `changes`; with `fence` (the worker's claim of the render job's lease) only while
+    that lease is still the claim's holder's, checked in the same transaction (LeaseLost
+    otherwise, nothing written)."""
     unknown = set(changes) - UPDATABLE
     if unknown:
         raise ValueError(f"render job fields that cannot be set: {sorted(unknown)}")
     with session(_settings(settings), write=True) as s:
         row = _row(s, paths, render_id, lock=True)
+        leases.fence(s, fence)
         for name, value in changes.items():
             setattr(row, name, value)
         row.updated_at = datetime.now(UTC)

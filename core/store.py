@@ -9,19 +9,30 @@ is what an SSE stream's Last-Event-ID resumes from. On PostgreSQL the transactio
 NOTIFY on core.db.notify's CHANNEL with the job id, delivered at commit, to wake event streams
 (core/db/notify.py).
 
+A store `fenced(claim)` (a worker's, holding the job's train lease) checks in every write's
+transaction that the lease still names that claim's holder (core.leases.fence): a worker whose
+lease another one took can no longer change the job (LeaseLost).
+
+A reserved row (an admitted upload) is kept fresh by its upload (`keep_reserved`), made a job
+only while it is still there (`create(..., reserved=True)`, ReservationGone otherwise), and
+removed by the reaper only while still reserved and stale, re-checked under its row's lock
+(`drop_reservations`). Times that expire (reservations) are the database's clock.
+
 The job's files (uploads, dataset, checkpoints, artifacts) stay in storage; only state is here.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import errno
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, func, select, text, tuple_, update
@@ -29,8 +40,9 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from api_schemas.jobs import Job, JobKind, JobStatus, Progress
+from core import leases
 from core.db import migrate
-from core.db.engine import database_url, engine_for_url, session
+from core.db.engine import database_url, db_now, engine_for_url, session
 from core.db.exports import ExportRow
 from core.db.jobs import RESERVED, JobEventRow, JobRow
 from core.db.leases import Lease
@@ -48,6 +60,11 @@ StatusListener = Callable[[Job], None]
 
 class JobNotFound(KeyError):
     pass
+
+
+class ReservationGone(JobNotFound):
+    """An upload's reserved row is gone (the reaper removed it as abandoned, or it was
+    cancelled): its upload cannot become a job."""
 
 
 class BadCursor(ValueError):
@@ -133,6 +150,21 @@ class JobStore:
         self._read_engine = (
             self.engine.execution_options(isolation_level="AUTOCOMMIT") if self._pg else self.engine
         )
+        self._fence: leases.Claim | None = None
+
+    def fenced(self, claim: leases.Claim) -> JobStore:
+        """This store, with every job write checking in its transaction that the job's lease
+        (`claim`: a train lease) is still `claim`'s holder's; a write refused raises LeaseLost
+        and sets `claim.lost`."""
+        other = copy.copy(self)
+        other._fence = claim
+        return other
+
+    def confirm(self, job_id: str) -> None:
+        """LeaseLost unless the fence's lease is still this holder's (a write outside the
+        database, such as a checkpoint's pointer, is made only after this)."""
+        with self._session(write=True) as s:
+            self._lock_row(s, job_id)
 
     def _notify(self, job: Job) -> None:
         for listener in self.listeners:
@@ -240,8 +272,8 @@ class JobStore:
     def reserve(self, job_id: str, owner: str | None) -> None:
         """A row for a job whose upload is being read: its owner is recorded before anything
         else, and it stays invisible to get/list until `create`."""
-        now = utcnow()
         with self._session(write=True) as s:
+            now = db_now(s)
             s.add(
                 JobRow(
                     id=job_id,
@@ -266,7 +298,11 @@ class JobStore:
         config: dict[str, Any],
         dataset: dict[str, Any],
         owner: str | None = None,
+        *,
+        reserved: bool = False,
     ) -> Job:
+        """Make the job queued. `reserved`: from its upload's reserved row (owner and all),
+        which must still be there: ReservationGone otherwise (never a job without its owner)."""
         now = utcnow()
         job = Job(
             id=job_id,
@@ -279,6 +315,8 @@ class JobStore:
         )
         with self._session(write=True) as s:
             row = self._lock_row(s, job_id, reserved_ok=True)
+            if row is None and reserved:
+                raise ReservationGone(job_id)
             if row is None:
                 row = JobRow(id=job_id, owner=owner, cancel_requested=False, last_seq=0)
                 s.add(row)
@@ -360,6 +398,84 @@ class JobStore:
         self._notify(job)
         return job
 
+    # -- reservations ------------------------------------------------------------------
+    def touch_reservation(self, job_id: str) -> bool:
+        """Mark the upload's reserved row as alive now (the database's clock); False when it is
+        no longer a reservation (removed, or made a job)."""
+        with self._session(write=True) as s:
+            n = s.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id, JobRow.status == RESERVED)
+                .values(updated_at=db_now(s))
+            ).rowcount
+        return n == 1
+
+    @contextmanager
+    def keep_reserved(
+        self, job_id: str, stale_s: float, touch_first: bool = True
+    ) -> Iterator[None]:
+        """Keep the upload's reserved row fresh while the block runs (touched at once unless
+        `touch_first` is False, then every `stale_s` / 4, at most every minute, from a thread),
+        so the reaper never counts a live upload stale. ReservationGone at once when the row is
+        already gone."""
+        if touch_first and not self.touch_reservation(job_id):
+            raise ReservationGone(job_id)
+        every = min(60.0, max(stale_s / 4, 0.05))
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(every):
+                try:
+                    if not self.touch_reservation(job_id):
+                        return  # made a job, or removed: nothing more to keep
+                except Exception:
+                    log.warning(
+                        "could not keep upload %s's reservation fresh", job_id, exc_info=True
+                    )
+
+        thread = threading.Thread(target=beat, name=f"reserved-{job_id[:8]}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=1)
+
+    def stale_reservations(self, stale_s: float) -> list[str]:
+        """Reserved rows untouched for `stale_s` by the database's clock (candidates only:
+        `drop_reservations` re-checks each under its lock)."""
+        with self._session() as s:
+            cutoff = db_now(s) - timedelta(seconds=stale_s)
+            return list(
+                s.scalars(
+                    select(JobRow.id).where(JobRow.status == RESERVED, JobRow.updated_at < cutoff)
+                )
+            )
+
+    def drop_reservations(self, ids: Sequence[str], stale_s: float) -> list[str]:
+        """Delete the rows of `ids` that are still reserved and stale, judged in one transaction
+        holding their locks (FOR UPDATE SKIP LOCKED: a row an upload is touching or making a job
+        right now is left alone; SQLite's write lock from BEGIN). Returns the ids deleted; their
+        files are the caller's to remove, after this."""
+        if not ids:
+            return []
+        with self._session(write=True) as s:
+            cutoff = db_now(s) - timedelta(seconds=stale_s)
+            gone = list(
+                s.scalars(
+                    select(JobRow.id)
+                    .where(
+                        JobRow.id.in_(list(ids)),
+                        JobRow.status == RESERVED,
+                        JobRow.updated_at < cutoff,
+                    )
+                    .with_for_update(skip_locked=True)
+                )
+            )
+            for job_id in gone:
+                self._delete_rows(s, job_id)
+        return gone
+
     def rename_owner(self, old: str, new: str) -> int:
         """Move every job of key id `old` to `new`; returns how many moved."""
         with self._session(write=True) as s:
@@ -370,9 +486,16 @@ class JobStore:
         and stored bytes (its files are the storage's). Its quota submissions stay: they count
         for the hour whether or not the job is deleted."""
         with self._session(write=True) as s:
-            for table in (JobEventRow, ExportRow, RenderRow, Lease, JobStorage):
-                s.execute(delete(table).where(table.job_id == job_id))
-            s.execute(delete(JobRow).where(JobRow.id == job_id))
+            # The job's row first: writers lock it before its lease (fenced writes), so taking
+            # them in that order too never deadlocks with one.
+            s.execute(select(JobRow.id).where(JobRow.id == job_id).with_for_update())
+            self._delete_rows(s, job_id)
+
+    @staticmethod
+    def _delete_rows(s: Session, job_id: str) -> None:
+        for table in (JobEventRow, ExportRow, RenderRow, Lease, JobStorage):
+            s.execute(delete(table).where(table.job_id == job_id))
+        s.execute(delete(JobRow).where(JobRow.id == job_id))
 
     # -- events ------------------------------------------------------------------------
     def events(self, job_id: str, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
@@ -413,9 +536,12 @@ class JobStore:
             "updated_at": job.updated_at.isoformat(),
         }
 
-    @staticmethod
-    def _lock_row(s: Session, job_id: str, reserved_ok: bool = False) -> JobRow | None:
+    def _lock_row(self, s: Session, job_id: str, reserved_ok: bool = False) -> JobRow | None:
+        """The job's row, locked for the transaction; with a fence, only while the lease is
+        still the fence's holder's (LeaseLost otherwise: nothing is written)."""
         row = s.scalars(select(JobRow).where(JobRow.id == job_id).with_for_update()).one_or_none()
+        if row is not None:
+            leases.fence(s, self._fence)
         if reserved_ok:
             return row
         if row is None or row.status == RESERVED:

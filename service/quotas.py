@@ -27,11 +27,11 @@ from sqlalchemy.orm import Session
 
 from api_schemas.jobs import JobStatus
 from core import usage
-from core.db.engine import insert_if_missing, session
+from core.db.engine import db_now, insert_if_missing, session
 from core.db.jobs import RESERVED, JobRow
 from core.db.quotas import JobStorage, QuotaOwner, Submission
 from core.storage import JobPaths, Storage
-from core.store import JobStore, utcnow
+from core.store import JobStore
 from service.auth import ApiKey
 
 log = logging.getLogger(__name__)
@@ -122,9 +122,11 @@ class Quotas:
 
     def _admit(self, key: ApiKey) -> Admission:
         s_ = self.settings
-        now = utcnow()
         with self._session(write=True) as s:
             lock_owner(s, key.id)
+            # The database's clock: the reservation's age is judged with it (worker/reaper.py),
+            # and the hour's submissions of every replica compare in one clock.
+            now = db_now(s)
             active = active_jobs(s, key.id)
             if active >= s_.quota_active_jobs:
                 raise QuotaExceeded(

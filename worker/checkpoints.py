@@ -5,13 +5,20 @@ ones.
 With object storage the folder is a working copy: a manager given a `Published` uploads each
 checkpoint after writing it (tensors and meta first, the pointer last, so a reader that follows
 the pointer finds a complete checkpoint), and `Published.pull_latest` brings the newest one into
-a worker's working copy to resume or render from."""
+a worker's working copy to resume or render from.
+
+A training's manager is given `confirm` (worker/tasks.py: a fenced no-op on the job's row,
+core.store's `confirm`): the pointer to a new checkpoint, local or published, is written only
+once the database has said, just before, that this worker still holds the job's lease, and so
+are the deletions of older published steps. The checkpoint's own files have names of their step
+and are never a pointer."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,11 +71,14 @@ class Published:
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}"
 
-    def publish(self, step: int, keep: int) -> None:
-        """Upload the work dir's checkpoint `step`, then the pointer to it, then delete all but
-        the `keep` newest published steps (never `step`)."""
+    def publish(self, step: int, keep: int, confirm: Callable[[], None] | None = None) -> None:
+        """Upload the work dir's checkpoint `step`, then (once `confirm()` returned: it raises
+        when the lease is lost) the pointer to it, then delete all but the `keep` newest
+        published steps (never `step`)."""
         for path in (checkpoint_meta(Path(), step), checkpoint_tensors(Path(), step)):
             self.storage.push(self.job_id, self._key(path.name))
+        if confirm is not None:
+            confirm()
         self.storage.push(self.job_id, self._key(LATEST_NAME))
         for old in self.steps()[max(keep, 1) :]:
             if old != step:
@@ -113,8 +123,10 @@ class CheckpointManager:
         interval_s: float = 30.0,
         max_share: float = MAX_SHARE,
         published: Published | None = None,
+        confirm: Callable[[], None] | None = None,
     ):
         self.dir = Path(directory)
+        self.confirm = confirm  # raises (LeaseLost) unless the job's lease is still ours
         self.published = published  # None: the folder is the only copy (local storage)
         self.keep = keep
         self.interval_s = interval_s
@@ -144,9 +156,11 @@ class CheckpointManager:
         # Meta first: a tensor file whose meta is missing is treated as incomplete.
         atomic_write_json(checkpoint_meta(self.dir, step), {"step": step, **(meta or {})})
         atomic_write_bytes(path, blob)
+        if self.published is None and self.confirm is not None:
+            self.confirm()  # the folder is the only copy: its pointer is the job's
         atomic_write_bytes(self.dir / LATEST_NAME, str(step).encode())
         if self.published is not None:
-            self.published.publish(step, self.keep)
+            self.published.publish(step, self.keep, self.confirm)
         self.saved_step = step
         self._prune()
         self._last_save = time.monotonic()

@@ -58,9 +58,9 @@ from core.celery_config import (
     send,
     task_id_for,
 )
-from core.db.engine import session
+from core.db.engine import db_now, session
 from core.db.exports import ExportRow
-from core.db.jobs import RESERVED, JobRow
+from core.db.jobs import JobRow
 from core.db.leases import EXPORT, REAPER, RENDER, TRAIN, Lease
 from core.db.renders import RenderRow
 from core.exports import lease_subject
@@ -172,10 +172,10 @@ def stranded_jobs(settings, in_broker: set[str] | None) -> list[Resend]:
     """Running jobs whose train lease ran out (the trainer or SfM stage died with its host),
     and queued jobs older than QUEUED_GRACE_S whose message the broker does not hold (sent to
     the stage they wait for). Marks them re-sent."""
-    now = leases.utcnow()
     ttl = timedelta(seconds=settings.lease_ttl_s)
     out: list[Resend] = []
     with session(settings, write=True) as s:
+        now = db_now(s)  # expiries are the database's clock
         running = s.execute(
             _skip_locked(
                 select(JobRow, Lease)
@@ -222,11 +222,11 @@ def stranded_jobs(settings, in_broker: set[str] | None) -> list[Resend]:
 def stranded_exports(settings, in_broker: set[str] | None) -> list[Resend]:
     """Running exports whose lease ran out, queued ones the broker lost. Sent again, each new
     delivery counts a lost worker on the lease, so the cap fails an export that kills workers."""
-    now = leases.utcnow()
     ttl = timedelta(seconds=settings.lease_ttl_s)
-    grace = now - timedelta(seconds=settings.queued_grace_s)
     out: list[Resend] = []
     with session(settings, write=True) as s:
+        now = db_now(s)
+        grace = now - timedelta(seconds=settings.queued_grace_s)
         rows = _unfinished(s, ExportRow, grace)
         for row in rows:
             subject = lease_subject(row.job_id, row.id)
@@ -245,12 +245,12 @@ def stranded_exports(settings, in_broker: set[str] | None) -> list[Resend]:
 def stranded_renders(settings, in_broker: set[str] | None) -> list[Resend]:
     """Render jobs: running past MAX_RENDER_JOB_S -> failed; running with a lease that ran out,
     or queued and lost by the broker -> sent again (from the request kept with them)."""
-    now = leases.utcnow()
     ttl = timedelta(seconds=settings.lease_ttl_s)
-    grace = now - timedelta(seconds=settings.queued_grace_s)
-    ceiling = now - timedelta(seconds=settings.max_render_job_s) - ttl
     out: list[Resend] = []
     with session(settings, write=True) as s:
+        now = db_now(s)
+        grace = now - timedelta(seconds=settings.queued_grace_s)
+        ceiling = now - timedelta(seconds=settings.max_render_job_s) - ttl
         rows = _unfinished(s, RenderRow, grace)
         for row in rows:
             if row.status == "running" and row.created_at < ceiling:
@@ -298,26 +298,27 @@ def _newest_mtime(root: Path) -> float:
 
 def remove_stale_reservations(store: JobStore, settings) -> list[str]:
     """Reserved job rows (an admitted upload that never became a job: the API died mid-way)
-    older than STALE_UPLOAD_S, with the files their upload left. A reservation whose local
-    folder is still being written to is left alone."""
-    cutoff = leases.utcnow() - timedelta(seconds=settings.stale_upload_s)
-    with session(engine=store.engine) as s:
-        ids = s.scalars(
-            select(JobRow.id).where(JobRow.status == RESERVED, JobRow.updated_at < cutoff)
-        ).all()
-    removed = []
+    untouched for STALE_UPLOAD_S by the database's clock (a live upload touches its row,
+    core.store's `keep_reserved`), with the files their upload left. A reservation whose local
+    folder is still being written to is left alone. Each row is deleted only if it is still
+    reserved and stale when judged again under its lock, and its files only after that: an
+    upload completed (or touched) meanwhile keeps its row and its files, and one completed after
+    finds its row gone and fails (core.store.ReservationGone), never made a job without one."""
+    stale_s = settings.stale_upload_s
+    candidates = []
     jobs_dir = getattr(store.storage, "jobs_dir", None)
-    for job_id in ids:
+    for job_id in store.stale_reservations(stale_s):
         root = jobs_dir / job_id if jobs_dir is not None else None
         try:
             if root is not None and root.is_dir():
-                if time.time() - _newest_mtime(root) < settings.stale_upload_s:
+                if time.time() - _newest_mtime(root) < stale_s:
                     continue
         except FileNotFoundError:
             pass
+        candidates.append(job_id)
+    removed = store.drop_reservations(candidates, stale_s)
+    for job_id in removed:
         store.storage.delete_job(job_id)
-        store.delete(job_id)
-        removed.append(job_id)
     if removed:
         log.warning("removed %d abandoned upload(s): %s", len(removed), ", ".join(removed))
     return removed
@@ -387,9 +388,9 @@ def orphans(settings) -> list[Resend]:
     Redis restarted without persistence all of them), or when that cannot be told, unless made
     within the last QUEUED_GRACE_S (at most STARTUP_GRACE_S)."""
     in_broker = broker_task_ids(settings) or set()
-    now = leases.utcnow()
     out = []
     with session(settings) as s:
+        now = db_now(s)
         rows = s.execute(
             select(JobRow, Lease)
             .join(Lease, and_(Lease.kind == TRAIN, Lease.subject == JobRow.id), isouter=True)

@@ -157,13 +157,20 @@ def train(job_id: str) -> None:
     except (JobNotFound, ValueError):
         log.warning("nf.train: job %s does not exist (deleted?)", job_id)
         return
-    with _stops_on_sigterm(), _train_lease(settings, job_id, count=True) as mine:
+    with (
+        _stops_on_sigterm(),
+        _train_lease(settings, job_id, count=True) as mine,
+        _stops_when_lost(job_id) as lost,
+    ):
         if mine is None:
             log.warning(
                 "nf.train: job %s is being trained by another process; dropping this delivery",
                 job_id,
             )
             return
+        # Every job write of this delivery checks, in its transaction, that it still holds the
+        # lease: once another worker has it, nothing more is written (LeaseLost, ending the block).
+        store = store.fenced(mine)
         if sfm_stage.needs_preprocess(store.storage, job_id):  # an orphan waiting for its SfM
             _send(PreprocessTask(job_id=job_id), PREPROCESS_QUEUE)
             return
@@ -178,7 +185,20 @@ def train(job_id: str) -> None:
             return
         with work_dir(store.storage, job_id) as work:
             _train_locked(store, settings, job_id, work, mine)
+    if not lost:
         usage.refresh(settings, store.storage, job_id)  # its checkpoints and artifacts
+
+
+@contextmanager
+def _stops_when_lost(job_id: str) -> Iterator[list]:
+    """Ends the block at a LeaseLost (a fenced write refused, or the lease found lost): the job
+    is its new holder's. The yielded list is non-empty once that happened."""
+    lost: list = []
+    try:
+        yield lost
+    except LeaseLost:
+        lost.append(True)
+        log.error("job %s: its train lease was lost; stopped, leaving the job as it is", job_id)
 
 
 def _send(task: TrainTask | PreprocessTask, queue: str) -> None:
@@ -198,10 +218,11 @@ def preprocess(job_id: str) -> None:
     except (JobNotFound, ValueError):
         log.warning("nf.preprocess: job %s does not exist (deleted?)", job_id)
         return
-    with _train_lease(settings, job_id, count=False) as mine:
+    with _train_lease(settings, job_id, count=False) as mine, _stops_when_lost(job_id) as lost:
         if mine is None:
             log.warning("nf.preprocess: job %s is held by another process", job_id)
             return
+        store = store.fenced(mine)  # as in nf.train: no write once another holder has it
         if sfm_stage.needs_preprocess(store.storage, job_id):
             job = _start(store, job_id)
             if job is None:
@@ -221,20 +242,28 @@ def preprocess(job_id: str) -> None:
                     ) as delivery,
                 ):
                     store.storage.pull(job_id, f"{sfm_stage.CAPTURE_DIR}/")
+                    cancelled = CancelFlag(store, job_id)
                     summary = sfm_stage.run(
                         job,
                         work,
                         settings,
                         progress,
-                        CancelFlag(store, job_id),
+                        # a lost lease stops the stage as a cancel does (pycolmap watches it)
+                        lambda: mine.lost.is_set() or cancelled(),
                         deaths=delivery.losses if delivery is not None else 0,
                     )
+                    if mine.lost.is_set():  # no dataset published by a holder that lost it
+                        raise LeaseLost(f"the train lease of {job_id} was lost")
                     sfm_stage.publish(store.storage, job_id)
             except sfm_stage.SfmCancelled:
+                if mine.lost.is_set():
+                    raise LeaseLost(f"the train lease of {job_id} was lost") from None
                 store.set_status(
                     job_id, JobStatus.cancelled, only_from={JobStatus.running, JobStatus.queued}
                 )
                 return
+            except LeaseLost:
+                raise
             except Exception as exc:
                 if not isinstance(exc, sfm_stage.StageError):
                     log.error("job %s: SfM failed:\n%s", job_id, traceback.format_exc())
@@ -256,7 +285,8 @@ def preprocess(job_id: str) -> None:
             usage.refresh(settings, store.storage, job_id)  # its dataset
         elif job.status.terminal:
             return
-    _send(TrainTask(job_id=job_id), TRAIN_QUEUE)
+    if not lost:
+        _send(TrainTask(job_id=job_id), TRAIN_QUEUE)
 
 
 def _train_locked(store: JobStore, settings, job_id: str, paths, lease) -> None:
@@ -289,6 +319,8 @@ def _train_locked(store: JobStore, settings, job_id: str, paths, lease) -> None:
                 keep=settings.checkpoints_kept,
                 interval_s=settings.checkpoint_interval_s,
                 published=remote,
+                # the pointer to a new checkpoint is written only while the lease is ours
+                confirm=lambda: store.confirm(job_id),
             ),
             device=pick_device(settings.device),
             lease=lease,
@@ -622,6 +654,10 @@ def export(job_id: str, export_id: str) -> None:
 
     task = ExportTask(job_id=job_id, export_id=export_id)
     store = _store()
-    execute(store, task.job_id, task.export_id, _checkpoint, work_dir)
+    try:
+        execute(store, task.job_id, task.export_id, _checkpoint, work_dir)
+    except LeaseLost:  # a fenced write refused: the export is its new holder's
+        log.error("export %s/%s: its lease was lost; stopped", task.job_id, task.export_id)
+        return
     usage.refresh(get_settings(), store.storage, task.job_id)
     webhooks.record_export(store.storage, task.job_id, task.export_id)

@@ -5,6 +5,17 @@ for the writer, with a busy timeout so concurrent writers queue instead of faili
 keys on. Its transactions are started by us (`BEGIN`, or `BEGIN IMMEDIATE` for a session opened
 with `write=True`): a read-modify-write must hold the write lock from its first read, which is
 SQLite's equivalent of PostgreSQL's `SELECT ... FOR UPDATE`.
+
+Every PostgreSQL call is bounded: a connect times out after `PG_CONNECT_TIMEOUT_S`, a statement
+(a lock wait included) after `PG_STATEMENT_TIMEOUT_MS`, a connection whose sent data goes
+unacknowledged for `PG_TCP_USER_TIMEOUT_MS` (a partitioned host) is dropped by the kernel, an idle
+one is probed by TCP keepalives, and the server ends a session left idle inside a transaction (its
+row locks with it) after `PG_IDLE_IN_TRANSACTION_MS`. Parameters of the same names in
+DATABASE_URL's query (libpq's `connect_timeout`, `tcp_user_timeout`, `keepalives*`, `options`)
+win. SQLite waits at most `SQLITE_BUSY_TIMEOUT_MS` for a lock.
+
+`db_now` is the database's clock, which every lease and reservation expiry is written and judged
+with: hosts' clocks may disagree, the database's is one.
 """
 
 from __future__ import annotations
@@ -13,15 +24,26 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+PG_CONNECT_TIMEOUT_S = 10
+PG_STATEMENT_TIMEOUT_MS = 30_000
+PG_TCP_USER_TIMEOUT_MS = 20_000
+PG_IDLE_IN_TRANSACTION_MS = 60_000
+PG_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
 WRITE_LOCK = "nf_sqlite_write_lock"
 
 _engines: dict[tuple[str, int], Engine] = {}
@@ -56,6 +78,37 @@ def _sqlite_setup(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
+def pg_connect_args(url: str) -> dict:
+    """libpq parameters bounding every call (see the module's docstring); the URL's own win."""
+    query = make_url(url).query
+    args: dict = {}
+    if "connect_timeout" not in query:
+        args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+    if "tcp_user_timeout" not in query:
+        args["tcp_user_timeout"] = PG_TCP_USER_TIMEOUT_MS
+    for name, value in PG_KEEPALIVES.items():
+        if name not in query:
+            args[name] = value
+    options = (
+        f"-c statement_timeout={PG_STATEMENT_TIMEOUT_MS} "
+        f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_MS}"
+    )
+    given = query.get("options")
+    if given:  # later -c settings win: the URL's own come last
+        options += " " + (given if isinstance(given, str) else " ".join(given))
+    args["options"] = options
+    return args
+
+
+def db_now(s: Session) -> datetime:
+    """The database's time (PostgreSQL's `now()`: its transaction's start, so never later than
+    the moment the statement runs). SQLite's database is a file of this host, whose clock every
+    process using it shares."""
+    if s.get_bind().dialect.name == "postgresql":
+        return s.scalar(text("SELECT now()")).astimezone(UTC)
+    return datetime.now(UTC)
+
+
 def engine_for_url(url: str) -> Engine:
     """The process's engine for `url` (made on first use). Keyed by pid as well: a forked
     Celery child must not share its parent's pooled connections."""
@@ -71,7 +124,14 @@ def engine_for_url(url: str) -> Engine:
             engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
             _sqlite_setup(engine)
         else:
-            engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+            engine = create_engine(
+                url,
+                pool_pre_ping=True,
+                pool_size=5,
+                max_overflow=10,
+                pool_timeout=PG_CONNECT_TIMEOUT_S * 3,
+                connect_args=pg_connect_args(url),
+            )
         _engines[key] = engine
         return engine
 

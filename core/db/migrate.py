@@ -42,6 +42,9 @@ def upgrade_url(url: str, revision: str = "head") -> None:
     engine = engine_for_url(url)
     if engine.dialect.name == "postgresql":
         with engine.connect() as conn:
+            # A migration (or the wait for another process's) may outlast the statement time
+            # limit every other call has (core/db/engine.py).
+            conn.execute(text("SET statement_timeout = 0"))
             conn.execute(text("SELECT pg_advisory_lock(:id)"), {"id": ADVISORY_LOCK_ID})
             conn.commit()
             try:
@@ -49,6 +52,7 @@ def upgrade_url(url: str, revision: str = "head") -> None:
                 conn.commit()
             finally:
                 conn.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": ADVISORY_LOCK_ID})
+                conn.execute(text("RESET statement_timeout"))
                 conn.commit()
         return
     for attempt in range(5):

@@ -15,7 +15,8 @@ from pydantic import ValidationError
 from api_schemas.jobs import Job
 from core.settings import Settings
 from core.storage import JobPaths, Storage
-from core.store import JobStore
+from core.store import JobStore, ReservationGone
+from service.intake import IntakeError
 from service.intake.sandbox import run_intake
 
 
@@ -81,15 +82,34 @@ def finish_intake(
     store: JobStore,
     settings: Settings,
 ) -> Job:
-    """Run the intake on the upload, store what it wrote and create the job."""
-    # Parsing the upload happens in a limited child process, never in this one, on the local
-    # working copy; what it wrote (dataset/, capture/) is stored before the job exists.
-    effective, info = run_intake(
-        spec.name, upload.path, upload.filename or upload.path.name, cfg, work.root, settings
+    """Run the intake on the upload, store what it wrote and make the job from its reserved row,
+    kept fresh meanwhile (410 when that row is gone: the reaper found the upload abandoned)."""
+    try:
+        with store.keep_reserved(job_id, settings.stale_upload_s):
+            # Parsing the upload happens in a limited child process, never in this one, on the
+            # local working copy; what it wrote (dataset/, capture/) is stored before the job
+            # exists.
+            effective, info = run_intake(
+                spec.name,
+                upload.path,
+                upload.filename or upload.path.name,
+                cfg,
+                work.root,
+                settings,
+            )
+            shutil.rmtree(work.upload, ignore_errors=True)
+            store_intake(storage, job_id, work)
+            return store.create(job_id, spec.name, effective, info, reserved=True)
+    except ReservationGone:
+        raise reservation_gone(settings) from None
+
+
+def reservation_gone(settings: Settings) -> IntakeError:
+    return IntakeError(
+        410,
+        "this upload's reservation lapsed (idle past STALE_UPLOAD_S = "
+        f"{settings.stale_upload_s:g} s) and was removed; upload it again",
     )
-    shutil.rmtree(work.upload, ignore_errors=True)
-    store_intake(storage, job_id, work)
-    return store.create(job_id, spec.name, effective, info)
 
 
 def store_intake(storage: Storage, job_id: str, work: JobPaths) -> None:

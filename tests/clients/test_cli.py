@@ -1,4 +1,5 @@
-"""`python -m service.cli` as a user runs it (a subprocess) against the real stack."""
+"""The client's `nf` (clients/python, `python -m nf_client`) as a user runs it (a subprocess)
+against the real stack; and the server's `nf`, which hands the same commands to it."""
 
 from __future__ import annotations
 
@@ -18,13 +19,22 @@ from tests.support.stack import REPO, TEST_KEY, free_port, png_bytes
 TRAIN = {"steps": 300, "resolution": 32}
 
 
-def nf(*args: str, url: str | None, timeout: float = 180) -> subprocess.CompletedProcess:
+CLIENT_SRC = REPO / "clients" / "python" / "src"
+
+
+def nf(
+    *args: str, url: str | None, timeout: float = 180, module: str = "nf_client"
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "NF_URL"}
     env["NF_API_KEY"] = TEST_KEY
+    # the client from this checkout, whether or not the environment has it installed
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(CLIENT_SRC), env.get("PYTHONPATH", "")) if p
+    )
     if url is not None:
         env["NF_URL"] = url
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
+        [sys.executable, "-m", module, *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -240,3 +250,121 @@ def test_render_before_success_is_refused(fs_stack, photo, tmp_path):
     finally:
         fs_stack.client.post(f"/v1/jobs/{job_id}/cancel")
         fs_stack.wait_status(job_id, "cancelled", "failed", "succeeded")
+
+
+def test_events_are_json_lines_and_uploads_report_progress(fs_stack, photo, trained):
+    job_id, _ = trained
+    ev = nf("events", job_id, url=fs_stack.base_url)
+    assert ev.returncode == 0, ev.stderr
+    lines = [json.loads(line) for line in ev.stdout.splitlines()]
+    assert lines[-1]["event"] == "end" and lines[-1]["data"]["status"] == "succeeded"
+    assert any(e["event"] == "progress" for e in lines)
+    ids = [e["id"] for e in lines if e["id"] is not None]
+    assert ids == sorted(ids) and ids
+    after = nf("events", job_id, "--after", str(ids[-1]), url=fs_stack.base_url)
+    assert [json.loads(line)["event"] for line in after.stdout.splitlines()] == ["end"]
+
+    from nf_client import Client
+
+    sent = []
+    with Client(fs_stack.base_url, key=TEST_KEY) as client:
+        job = client.submit(photo, "image", TRAIN, on_progress=lambda d, t: sent.append((d, t)))
+        client.cancel(job["id"])
+    size = photo.stat().st_size
+    assert sent and sent[-1] == (size, size) and all(t == size for _, t in sent)
+
+
+def test_the_servers_nf_hands_user_commands_to_the_client(fs_stack, trained):
+    job_id, _ = trained
+    st = nf("status", job_id, "--json", url=fs_stack.base_url, module="service.cli")
+    assert st.returncode == 0, st.stderr
+    assert json.loads(st.stdout)["id"] == job_id
+    # and the client's `nf db` hands the operator's command back to the server package
+    db = nf("db", "--help", url=fs_stack.base_url)
+    assert db.returncode == 0 and "upgrade" in db.stdout, db.stderr
+
+
+def test_python_client_waits_renders_and_lists(fs_stack, trained):
+    from nf_client import ApiError, Client
+
+    job_id, _ = trained
+    with Client(fs_stack.base_url, key=TEST_KEY) as client:
+        seen = []
+        job = client.wait(job_id, on_event=seen.append)
+        assert job["status"] == "succeeded" and seen[-1].event == "end"
+        r = client.render(job_id, 48, 36)
+        assert r.content_type == "image/png" and r.checkpoint_step == TRAIN["steps"]
+        assert Image.open(io.BytesIO(r.content)).size == (48, 36)
+        assert job_id in [j["id"] for j in client.iter_jobs(status="succeeded")]
+        assert client.viewer_url(job_id).endswith(f"/#job={job_id}")
+        with pytest.raises(ApiError) as err:
+            client.job(str(uuid.uuid4()))
+        assert err.value.status_code == 404
+
+
+SPLAT = {"steps": 30, "n_init_points": 800, "densify_from": 100, "n_test_renders": 0}
+
+
+def test_scene_job_export_path_and_files(fs_stack, tmp_path):
+    """A small splat job through the CLI: submit --wait, export spz, the artifacts, the training
+    cameras, an orbit GIF and the viewer's URL."""
+    import gzip
+    import zipfile
+
+    from experiments.synthetic_scene import scene_files
+
+    scene = tmp_path / "scene.zip"
+    with zipfile.ZipFile(scene, "w") as zf:
+        for name, data in scene_files(32, 12, 1, seed=3).items():
+            zf.writestr(name, data)
+    url = fs_stack.base_url
+    sub = nf(
+        "submit", str(scene), "--kind", "splat", "--config", json.dumps(SPLAT), "--wait", url=url
+    )
+    assert sub.returncode == 0, sub.stderr + fs_stack.logs()
+    job_id = sub.stdout.splitlines()[0].strip()
+    assert f"job {job_id} succeeded" in sub.stdout
+
+    out = tmp_path / "out" / "scene.spz"
+    ex = nf("export", job_id, "spz", "--out", str(out), url=url)
+    assert ex.returncode == 0, ex.stderr
+    assert ex.stdout.strip() == str(out)
+    (state,) = fs_stack.client.get(f"/v1/jobs/{job_id}/exports").json()["items"]
+    assert state["status"] == "succeeded" and out.stat().st_size == state["size"]
+    data = out.read_bytes()  # the spz magic, in the clear (version 4) or gzip'd (version 3)
+    assert b"NGSP" in (data[:4], gzip.decompress(data)[:4] if data[:2] == b"\x1f\x8b" else b"")
+    listed = nf("exports", job_id, url=url)
+    assert listed.returncode == 0 and state["id"] in listed.stdout
+
+    arts = nf("--json", "artifacts", job_id, url=url)
+    names = [a["name"] for a in json.loads(arts.stdout)["items"]]
+    assert state["artifact"] in names and "point_cloud.ply" in names
+    ply = tmp_path / "gaussians.ply"
+    dl = nf("download", job_id, "point_cloud.ply", "--out", str(ply), url=url)
+    assert dl.returncode == 0 and ply.read_bytes().startswith(b"ply\n"), dl.stderr
+
+    cams = tmp_path / "cams.json"
+    cp = nf("camera-path", job_id, "--out", str(cams), url=url)
+    assert cp.returncode == 0, cp.stderr
+    assert len(json.loads(cams.read_text())["camera_path"]) == 12
+
+    gif = tmp_path / "orbit.gif"
+    p = nf(
+        "path",
+        job_id,
+        "--orbit",
+        "3,30,3",
+        "--width",
+        "24",
+        "--height",
+        "24",
+        "--out",
+        str(gif),
+        url=url,
+    )
+    assert p.returncode == 0, p.stderr
+    anim = Image.open(gif)
+    assert anim.size == (24, 24) and anim.n_frames == 3
+
+    op = nf("open", job_id, "--print", url=url)
+    assert op.returncode == 0 and op.stdout.strip() == f"{url}/#job={job_id}"

@@ -67,7 +67,7 @@ import os, signal, sys, traceback
 from core import path_jobs
 from worker import render_jobs
 
-def dies(job_id, render_id, request):  # the render takes its process down (OOM, a crash)
+def dies(job_id, render_id, request, *_):  # the render takes its process down (OOM, a crash)
     path_jobs.update(job_id, render_id, status="running")  # as its start does
     os.kill(os.getpid(), signal.SIGKILL)
 

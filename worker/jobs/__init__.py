@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from api_schemas.jobs import Job, JobKind
+from core import leases
 from core.settings import Settings
 from core.storage import JobPaths
 from core.store import CancelFlag, JobStore
@@ -36,10 +37,11 @@ class JobCancelled(Exception):
     """Raised by ctx.raise_if_cancelled(); the task marks the job cancelled."""
 
 
-class LeaseLost(Exception):
-    """Raised by ctx.raise_if_cancelled() once the job's train lease is no longer this worker's
-    (core.leases.Claim.lost): another worker may be training it, so this one stops without
-    touching the job's state, checkpoints or artifacts."""
+# Raised by ctx.raise_if_cancelled() once the job's train lease is no longer this worker's
+# (core.leases.Claim.lost), and by any fenced write the database refused (core.store's
+# `fenced`): another worker may be training it, so this one stops without touching the job's
+# state, checkpoints or artifacts.
+LeaseLost = leases.LeaseLost
 
 
 class JobInterrupted(Exception):

@@ -114,9 +114,12 @@ async def create_job(
     try:
         work = storage.work_dir(job_id)
         work.upload.mkdir(parents=True)
-        form = await read_form(
-            request, lambda _field, name: work.upload / safe_name(name), limit, limit_name
-        )
+        # However slowly the body comes, its reserved row stays fresh: the reaper removes only
+        # reservations nobody touched for STALE_UPLOAD_S (admission just wrote this one).
+        with store.keep_reserved(job_id, settings.stale_upload_s, touch_first=False):
+            form = await read_form(
+                request, lambda _field, name: work.upload / safe_name(name), limit, limit_name
+            )
         kind = form.fields.get("kind")
         if not kind:
             raise IntakeError(422, "form field `kind` is required")

@@ -10,7 +10,10 @@ the raw upload object is removed once its dataset is stored. Two completes of on
 are told apart within one API process only (the second answers 409); on two replicas at the
 same moment both may run and the job may be discarded, so clients wait for a complete's answer
 before sending another (a later one answers 404). An upload neither completed nor
-cancelled lapses with its reservation after STALE_UPLOAD_S (the reaper removes it and its parts).
+cancelled lapses with its reservation after STALE_UPLOAD_S (the reaper removes it and its parts);
+its part URLs lapse after half of that, so an upload whose last part went in while they were valid
+has STALE_UPLOAD_S / 2 or more to be completed. A complete first touches the reservation (410 when
+the reaper removed it) and keeps it fresh until the job is made from it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from api_schemas.uploads import Upload, UploadRequest
 from core.metrics import quota_refused
 from core.settings import Settings
 from core.storage import Storage
-from core.store import JobStore
+from core.store import JobStore, ReservationGone
 from service.api.deps import (
     GUARDS,
     OWNER,
@@ -39,7 +42,14 @@ from service.api.deps import (
     get_store,
     job_id_param,
 )
-from service.api.job_intake import check_budget, discard, finish_intake, parse_config, safe_name
+from service.api.job_intake import (
+    check_budget,
+    discard,
+    finish_intake,
+    parse_config,
+    reservation_gone,
+    safe_name,
+)
 from service.api.multipart import UploadedFile
 from service.auth import ApiKey
 from service.intake import IntakeError
@@ -110,7 +120,8 @@ async def start_upload(
             quota_refused(exc.detail)
         raise HTTPException(exc.status_code, exc.detail, headers=exc.headers) from None
     name = safe_name(req.filename)
-    expires = int(settings.stale_upload_s)
+    # Half the reservation's life: parts sent in time leave room to complete before it lapses.
+    expires = max(1, int(settings.stale_upload_s / 2))
 
     def begin():
         if req.size > room:
@@ -163,6 +174,16 @@ def _complete(
 ) -> Job:
     """Assemble the parts, fetch the file and run the intake on it (IntakeError for the client's
     mistakes)."""
+    try:
+        with store.keep_reserved(job_id, settings.stale_upload_s):
+            return _assemble_and_make(state, job_id, storage, store, settings)
+    except ReservationGone:
+        raise reservation_gone(settings) from None
+
+
+def _assemble_and_make(
+    state: dict, job_id: str, storage: Storage, store: JobStore, settings: Settings
+) -> Job:
     etags = storage.upload_parts(job_id, state["key"], state["upload_id"])
     expected = math.ceil(state["size"] / state["part_size"])
     if len(etags) < expected:
