@@ -12,6 +12,7 @@ from typing import Any
 from api_schemas.exports import MESH_FORMATS, ExportFormat, ExportOptions, ExportStatus
 from api_schemas.jobs import JobKind
 from core.exports import ExportNotFound, ExportStore
+from core.leases import LeaseLost
 from core.storage import without_paths
 from core.store import JobNotFound, JobStore
 from worker.configs import stored_config
@@ -170,7 +171,7 @@ def execute(
             )
             return
         exports.update(job_id, export_id, status=ExportStatus.running, error=None)
-        _run(store, exports, job, export, load_checkpoint, work_dir)
+        _run(store, exports, job, export, load_checkpoint, work_dir, claim)
 
 
 def _run(
@@ -180,7 +181,11 @@ def _run(
     export,
     load_checkpoint: Callable,
     work_dir: Callable,
+    claim=None,
 ) -> None:
+    """The export under its lease's `claim`: every update of its row is fenced by it (core/
+    exports.py), and one whose lease was lost (`claim.lost`) stores no file and writes nothing
+    (LeaseLost, the export is its new holder's)."""
     job_id, export_id = job.id, export.id
     storage = store.storage
     try:
@@ -193,7 +198,11 @@ def _run(
                 storage.pull(job_id, "dataset/")
             data, stats = maker(job, checkpoint, paths, export.format, export.options)
         name = artifact_name(export_id, export.format, job.kind, export.options)
+        if claim is not None and claim.lost.is_set():
+            raise LeaseLost(f"the export lease of {job_id}/{export_id} was lost")
         storage.put_bytes(job_id, f"artifacts/{name}", data)
+    except LeaseLost:
+        raise
     except Exception as exc:
         if not isinstance(exc, ExportError):
             log.exception("export %s of job %s failed", export_id, job_id)
