@@ -15,7 +15,9 @@ import { basename } from "node:path";
 
 const [reader, file] = process.argv.slice(2);
 const bytes = new Uint8Array(readFileSync(file));
-const list = (a) => Array.from(a, (v) => (Number.isFinite(v) ? v : null));
+// JSON has no infinities (an opacity byte of 255 decodes to a logit of +Infinity): +-1e30 stand
+// in for them, null for NaN
+const list = (a) => Array.from(a, (v) => (Number.isFinite(v) ? v : Number.isNaN(v) ? null : Math.sign(v) * 1e30));
 
 async function splatTransform() {
   const st = await import("@playcanvas/splat-transform");
