@@ -14,13 +14,17 @@ FakeTensor tracing and torch.compile.
 
 Build outputs live in `$KERNELS_BUILD_DIR` or `<repo>/.kernels-build/`, one folder per source
 version: the module name carries a hash of every file and flag of the extension, so an edited
-header is never served from a stale cache.
+header is never served from a stale cache. A build that finished leaves `complete.json` beside
+its library (the torch build and, for CUDA, the architectures it was made for); a later process
+with the same torch loads that library directly, with no compiler, ninja or nvcc: the worker
+image compiles at image build and its runtime stage has no CUDA toolkit.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -40,7 +44,8 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 # like the pure-torch references. No -march=native: the images run on other machines.
 CPU_CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")
 CPU_LDFLAGS = ("-fopenmp",)
-NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC")
+# -lineinfo: source lines for compute-sanitizer and ncu reports; the machine code is the same.
+NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo", "-Xcompiler", "-fPIC")
 # The CUDA counterpart of -ffp-contract=off, for the sources whose results must equal the reference
 # bit for bit (march positions, occupancy cells); elsewhere FMA is faster and as accurate.
 EXACT_FLAGS = ("--fmad=false",)
@@ -145,6 +150,53 @@ def build_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parent.parent / ".kernels-build"
 
 
+def library_dir(ext: Extension, device_type: str) -> Path:
+    """The build folder of `ext`'s library for `device_type` ('cpu' or 'cuda') at this source
+    version (its name is the library's: extension, device type, source hash)."""
+    return build_dir() / device_type / f"{ext.name}_{device_type}_{ext.source_hash()}"
+
+
+COMPLETE = "complete.json"
+
+
+def _build_stamp(device_type: str, arch_flags: list[str] | None) -> dict:
+    import torch
+
+    stamp = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    if device_type == "cuda":
+        stamp["arch"] = arch_flags
+    return stamp
+
+
+def complete_build(ext: Extension, device_type: str) -> str | None:
+    """The library of a finished build of `ext` for `device_type` that this process can load as it
+    is (same sources, same torch build, for CUDA the same architecture list), else None.
+
+    Such a library is loaded without compiler, ninja or nvcc."""
+    out = library_dir(ext, device_type)
+    try:
+        stamp = json.loads((out / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return None
+    arch = None
+    if device_type == "cuda":
+        try:
+            arch = cuda_arch_flags()
+        except KernelBuildError:
+            return None
+    library = out / str(stamp.get("library", ""))
+    if {k: v for k, v in stamp.items() if k != "library"} != _build_stamp(device_type, arch):
+        return None
+    return str(library) if library.is_file() else None
+
+
+def _write_stamp(out: Path, library: str, device_type: str, arch_flags: list[str] | None) -> None:
+    stamp = {"library": Path(library).name, **_build_stamp(device_type, arch_flags)}
+    tmp = out / f"{COMPLETE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(stamp))
+    os.replace(tmp, out / COMPLETE)  # atomic: a reader sees the whole stamp or none
+
+
 def _require_tools() -> None:
     missing = []
     try:
@@ -213,8 +265,8 @@ def nvcc_command(source: CudaSource, out: Path, arch_flags: list[str]) -> list[s
     return [*cmd, "-o", str(out)]
 
 
-def _compile_objects(ext: Extension, out: Path) -> list[str]:
-    arch = cuda_arch_flags()
+def _compile_objects(ext: Extension, out: Path, arch: list[str] | None = None) -> list[str]:
+    arch = cuda_arch_flags() if arch is None else arch
     # Per architecture list: objects built for another GPU must not be linked for this one.
     objs = out / ("objects-" + hashlib.sha256(" ".join(arch).encode()).hexdigest()[:8])
     objs.mkdir(parents=True, exist_ok=True)
@@ -261,58 +313,18 @@ def load(ext: Extension, device_type: str) -> Ops:
             raise KernelBuildError(
                 "cannot build the CUDA kernels: this torch build has no CUDA (torch.version.cuda is None)"
             )
-        if device_type == "cuda" and nvcc_path() is None:
-            raise KernelBuildError(
-                "cannot build the CUDA kernels, missing: nvcc (set CUDA_HOME to a CUDA toolkit)"
-            )
-        _require_tools()
-        import torch.utils.cpp_extension as cpp
-
-        name = f"{ext.name}_{device_type}_{ext.source_hash()}"
-        # One folder per source version: processes holding different checkouts never share objects.
-        out = build_dir() / device_type / name
-        out.mkdir(parents=True, exist_ok=True)
-        common = dict(
-            name=name,
-            extra_include_paths=[str(CSRC)],
-            build_directory=str(out),
-            verbose=bool(os.environ.get("KERNELS_VERBOSE")),
-        )
-        # cpp_extension serialises builders with a baton file that a killed builder leaves
-        # behind, after which every later build waits forever. An flock dies with its holder:
-        # whoever holds it is the only builder, so a baton it finds is stale.
-        lock = open(out / "build.flock", "w")  # held until the build ends
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            (out / "lock").unlink(missing_ok=True)
-            # is_python_module=False: torch.ops.load_library runs the registrations; no pybind.
-            if device_type == "cpu":
-                path = cpp.load(
-                    sources=[str(CSRC / ext.cpu_binding)],
-                    extra_cflags=list(CPU_CFLAGS),
-                    extra_ldflags=list(CPU_LDFLAGS),
-                    is_python_module=False,
-                    **common,
-                )
-            else:
-                objects = _compile_objects(ext, out)
-                path = cpp.load(
-                    sources=[str(CSRC / ext.cuda_binding)],
-                    extra_cflags=["-O3"],
-                    extra_ldflags=objects,
-                    with_cuda=True,
-                    is_python_module=False,
-                    **common,
-                )
-        except KernelBuildError:
-            raise
-        except Exception as exc:  # cpp_extension raises RuntimeError/OSError/CalledProcessError
-            raise KernelBuildError(
-                f"building the {device_type.upper()} {ext.name} extension failed "
-                f"({type(exc).__name__}): {exc}"
-            ) from exc
-        finally:
-            lock.close()
+        # A finished build loads as it is: no compiler, ninja or nvcc is asked for.
+        path = complete_build(ext, device_type)
+        if path is not None:
+            try:
+                torch.ops.load_library(path)
+            except OSError as exc:
+                raise KernelBuildError(
+                    f"the built {device_type.upper()} {ext.name} library {path} does not load "
+                    f"({exc}); delete its folder to rebuild it"
+                ) from exc
+        else:
+            path = _build(ext, device_type)
         if device_type == "cpu":
             from kernels import _fake
 
@@ -320,6 +332,66 @@ def load(ext: Extension, device_type: str) -> Ops:
         ops = Ops(ext, str(path))
         _loaded[key] = ops
         return ops
+
+
+def _build(ext: Extension, device_type: str) -> str:
+    """Builds (or lets ninja find up to date) and loads `ext`'s library for `device_type`; returns
+    its path. Called with `_lock` held."""
+    if device_type == "cuda" and nvcc_path() is None:
+        raise KernelBuildError(
+            "cannot build the CUDA kernels, missing: nvcc (set CUDA_HOME to a CUDA toolkit)"
+        )
+    _require_tools()
+    import torch.utils.cpp_extension as cpp
+
+    # One folder per source version: processes holding different checkouts never share objects.
+    out = library_dir(ext, device_type)
+    name = out.name
+    out.mkdir(parents=True, exist_ok=True)
+    arch = cuda_arch_flags() if device_type == "cuda" else None
+    common = dict(
+        name=name,
+        extra_include_paths=[str(CSRC)],
+        build_directory=str(out),
+        verbose=bool(os.environ.get("KERNELS_VERBOSE")),
+    )
+    # cpp_extension serialises builders with a baton file that a killed builder leaves
+    # behind, after which every later build waits forever. An flock dies with its holder:
+    # whoever holds it is the only builder, so a baton it finds is stale.
+    lock = open(out / "build.flock", "w")  # held until the build ends
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (out / "lock").unlink(missing_ok=True)
+        # is_python_module=False: torch.ops.load_library runs the registrations; no pybind.
+        if device_type == "cpu":
+            path = cpp.load(
+                sources=[str(CSRC / ext.cpu_binding)],
+                extra_cflags=list(CPU_CFLAGS),
+                extra_ldflags=list(CPU_LDFLAGS),
+                is_python_module=False,
+                **common,
+            )
+        else:
+            objects = _compile_objects(ext, out, arch)
+            path = cpp.load(
+                sources=[str(CSRC / ext.cuda_binding)],
+                extra_cflags=["-O3"],
+                extra_ldflags=objects,
+                with_cuda=True,
+                is_python_module=False,
+                **common,
+            )
+        _write_stamp(out, str(path), device_type, arch)
+    except KernelBuildError:
+        raise
+    except Exception as exc:  # cpp_extension raises RuntimeError/OSError/CalledProcessError
+        raise KernelBuildError(
+            f"building the {device_type.upper()} {ext.name} extension failed "
+            f"({type(exc).__name__}): {exc}"
+        ) from exc
+    finally:
+        lock.close()
+    return str(path)
 
 
 def load_cpu(ext: Extension = NERF):
