@@ -14,7 +14,11 @@ const FORMATS = {
   splat: [
     ["gaussians", "Gaussians, 3DGS PLY (.ply)"],
     ["splat", "web viewers (.splat)"],
-    ["spz", "compressed, Niantic SPZ (.spz)"],
+    ["spz", "compressed, Niantic SPZ v4 (.spz)"],
+    ["sog", "PlayCanvas SOG, WebP textures (.sog)"],
+    ["compressed_ply", "SuperSplat compressed PLY (.compressed.ply)"],
+    ["glb", "glTF, KHR_gaussian_splatting (.glb)"],
+    ["mesh", "mesh fused from rendered depth (.glb)"],
     ["point_cloud", "point cloud (.ply)"],
   ],
 };

@@ -1,6 +1,10 @@
-// Splat jobs in the browser: the job's `.spz` export (Niantic's compressed format, gunzipped with
-// the browser's DecompressionStream) drawn with WebGL2 on the client, so orbiting needs no server
-// round trip. `.splat` files (antimatter15/splat's layout, 32 bytes per Gaussian) parse too.
+// Splat jobs in the browser: the job's `.spz` export (Niantic's compressed format: version 4's ZSTD
+// streams inflated by the vendored fzstd, versions 2-3 gunzipped with the browser's
+// DecompressionStream) drawn with WebGL2 on the client, so orbiting needs no server round trip.
+// The job's other splat files parse too: `.splat` (antimatter15/splat's layout), SuperSplat's
+// `.compressed.ply`, glTF with KHR_gaussian_splatting (`.glb`) and PlayCanvas' SOG (`.sog`, its
+// WebP textures decoded by the browser and read back through WebGL so no byte is premultiplied);
+// the viewer's "file" menu chooses which export it draws.
 //
 // The projection and compositing follow the server's rasteriser (kernels/splat_project.py,
 // kernels/splat.py): EWA projection with the Jacobian's view direction clamped to 1.3x the half
@@ -12,6 +16,7 @@
 
 import * as api from "./api.js";
 import { el } from "./dom.js";
+import { decompress as zstdDecompress } from "./fzstd.js";
 import { datasetSize, fitSize, initialOrbit, UPS } from "./viewer.js";
 
 export const BYTES_PER_SPLAT = 32;
@@ -55,17 +60,47 @@ function putCovariance(cov, c, w, x, y, z, sx, sy, sz) {
 const SH_C0 = 0.28209479177387814;
 const SPZ_MAGIC = 0x5053474e;
 
-// .spz bytes (gzip'd, versions 2 and 3; worker/exports/spz.py describes the layout) -> what
-// parseSplat returns plus `antialiased`. The file holds RUB axes converted from the job's world
-// frame as from a PLY's (y and z negated); that is undone so the page's cameras fit.
+// An .spz file's header (16 bytes, as versions 2-3 hold it) and its sections back to back:
+// versions 2-3 are one gzip stream of exactly that; version 4 has a 32-byte plain header, a table
+// of contents (compressed, uncompressed size: u64 each) and one ZSTD frame per section.
+async function spzPayload(buffer) {
+  const head = new Uint8Array(buffer, 0, Math.min(32, buffer.byteLength));
+  if (head[0] === 0x1f && head[1] === 0x8b) {
+    const stream = new Blob([buffer]).stream().pipeThrough(new DecompressionStream("gzip"));
+    return new Response(stream).arrayBuffer();
+  }
+  const dv = new DataView(buffer);
+  if (buffer.byteLength < 32 || dv.getUint32(0, true) !== SPZ_MAGIC) throw new Error("not an .spz file");
+  const version = dv.getUint32(4, true);
+  if (version < 4) throw new Error(`.spz version ${version} should be gzip'd`);
+  const streams = dv.getUint8(15), toc = dv.getUint32(16, true);
+  if (toc < 32 || toc + 16 * streams > buffer.byteLength) throw new Error(".spz table of contents out of bounds");
+  const sizes = [];
+  for (let i = 0; i < streams; i++) {
+    sizes.push([Number(dv.getBigUint64(toc + 16 * i, true)), Number(dv.getBigUint64(toc + 16 * i + 8, true))]);
+  }
+  const out = new Uint8Array(16 + sizes.reduce((t, [, u]) => t + u, 0));
+  out.set(head.subarray(0, 16));
+  let src = toc + 16 * streams, dst = 16;
+  for (const [packed, size] of sizes) {
+    if (src + packed > buffer.byteLength) throw new Error(".spz file is truncated");
+    const got = zstdDecompress(new Uint8Array(buffer, src, packed), out.subarray(dst, dst + size));
+    if (got.length !== size) throw new Error(".spz stream is not the size its table says");
+    src += packed; dst += size;
+  }
+  return out.buffer;
+}
+
+// .spz bytes (versions 2-4; worker/exports/spz.py describes the layout) -> what parseSplat
+// returns plus `antialiased`. The file holds RUB axes converted from the job's world frame as
+// from a PLY's (y and z negated); that is undone so the page's cameras fit.
 export async function parseSpz(buffer) {
-  const stream = new Blob([buffer]).stream().pipeThrough(new DecompressionStream("gzip"));
-  const raw = await new Response(stream).arrayBuffer();
+  const raw = await spzPayload(buffer);
   const dv = new DataView(raw);
   if (raw.byteLength < 16 || dv.getUint32(0, true) !== SPZ_MAGIC) throw new Error("not an .spz file");
   const version = dv.getUint32(4, true), n = dv.getUint32(8, true);
   const degree = dv.getUint8(12), bits = dv.getUint8(13), flags = dv.getUint8(14);
-  if (version < 2 || version > 3) throw new Error(`.spz version ${version} is not supported`);
+  if (version < 2 || version > 4) throw new Error(`.spz version ${version} is not supported`);
   const rotBytes = version >= 3 ? 4 : 3;
   const shDim = [0, 3, 8, 15][degree] || 0;
   if (raw.byteLength < 16 + n * (16 + rotBytes + 3 * shDim)) throw new Error(".spz file is truncated");
@@ -110,6 +145,225 @@ export async function parseSpz(buffer) {
   }
   return { n, pos, cov, rgba, antialiased: (flags & 1) === 1 };
 }
+
+const packByte = (v) => Math.max(0, Math.min(255, Math.round(v * 255)));
+const packRgba = (r, g, b, a) => (packByte(r) | (packByte(g) << 8) | (packByte(b) << 16) | (packByte(a) << 24)) >>> 0;
+
+// A binary little-endian PLY's header -> {elements: [{name, count, props: [[type, name]]}], body}.
+function plyHeader(buffer) {
+  const bytes = new Uint8Array(buffer);
+  const limit = Math.min(bytes.length, 65536);
+  let text = "";
+  for (let i = 0; i < limit; i++) text += String.fromCharCode(bytes[i]);
+  const end = text.indexOf("end_header\n");
+  if (!text.startsWith("ply\n") || end < 0) throw new Error("not a PLY file");
+  const elements = [];
+  const lines = text.slice(0, end).split("\n");
+  if (!lines.includes("format binary_little_endian 1.0")) throw new Error("not a binary little-endian PLY");
+  for (const line of lines) {
+    const w = line.trim().split(/\s+/);
+    if (w[0] === "element") elements.push({ name: w[1], count: Number(w[2]), props: [] });
+    else if (w[0] === "property") elements[elements.length - 1].props.push([w[1], w[2]]);
+  }
+  return { elements, body: end + "end_header\n".length, comments: lines.filter((l) => l.startsWith("comment ")) };
+}
+
+const PLY_SIZES = { char: 1, uchar: 1, short: 2, ushort: 2, int: 4, uint: 4, float: 4, double: 8 };
+
+// SuperSplat's .compressed.ply (worker/exports/compressed_ply.py describes it): chunks of 256
+// Gaussians quantised within their chunk's bounds. The job's world frame, as the 3DGS PLY.
+export function parseCompressedPly(buffer) {
+  const { elements, body, comments } = plyHeader(buffer);
+  const dv = new DataView(buffer);
+  let offset = body;
+  const at = {};
+  for (const e of elements) {
+    const stride = e.props.reduce((t, [type]) => t + PLY_SIZES[type], 0);
+    at[e.name] = { ...e, offset, stride };
+    offset += stride * e.count;
+  }
+  const chunk = at.chunk, vertex = at.vertex;
+  if (!chunk || !vertex) throw new Error("not a compressed PLY (no chunk or vertex element)");
+  const cField = (name) => chunk.props.findIndex(([, p]) => p === name);
+  const vField = (name) => vertex.props.findIndex(([, p]) => p === name);
+  const cf = ["min_x", "min_y", "min_z", "max_x", "max_y", "max_z", "min_scale_x", "min_scale_y", "min_scale_z",
+    "max_scale_x", "max_scale_y", "max_scale_z", "min_r", "min_g", "min_b", "max_r", "max_g", "max_b"].map(cField);
+  const vf = ["packed_position", "packed_rotation", "packed_scale", "packed_color"].map(vField);
+  if (vf.some((i) => i < 0) || cf.slice(0, 12).some((i) => i < 0)) throw new Error("compressed PLY without its packed fields");
+  const n = vertex.count;
+  const pos = new Float32Array(3 * n), cov = new Float32Array(6 * n), rgba = new Uint32Array(n);
+  const lerp = (a, b, t) => a + (b - a) * t;
+  const norm = Math.SQRT2 * 0.5;
+  const q = [0, 0, 0, 0];
+  for (let i = 0; i < n; i++) {
+    const c = chunk.offset + chunk.stride * (i >> 8);
+    const b = (k) => dv.getFloat32(c + 4 * cf[k], true);
+    const v = (k) => dv.getUint32(vertex.offset + vertex.stride * i + 4 * vf[k], true);
+    const pp = v(0), pr = v(1), ps = v(2), pc = v(3);
+    pos[3 * i] = lerp(b(0), b(3), (pp >>> 21) / 2047);
+    pos[3 * i + 1] = lerp(b(1), b(4), ((pp >>> 11) & 1023) / 1023);
+    pos[3 * i + 2] = lerp(b(2), b(5), (pp & 2047) / 2047);
+    const largest = pr >>> 30;
+    let sum = 0, shift = 20;
+    for (let k = 0; k < 4; k++) {
+      if (k === largest) continue;
+      q[k] = (((pr >>> shift) & 1023) / 1023 - 0.5) / norm;
+      sum += q[k] * q[k];
+      shift -= 10;
+    }
+    q[largest] = Math.sqrt(Math.max(0, 1 - sum));
+    const qn = Math.hypot(q[0], q[1], q[2], q[3]) || 1;
+    putCovariance(cov, 6 * i, q[0] / qn, q[1] / qn, q[2] / qn, q[3] / qn,
+      Math.exp(lerp(b(6), b(9), (ps >>> 21) / 2047)), Math.exp(lerp(b(7), b(10), ((ps >>> 11) & 1023) / 1023)),
+      Math.exp(lerp(b(8), b(11), (ps & 2047) / 2047)));
+    const ch = (k, bitsShift) => ((pc >>> bitsShift) & 255) / 255;
+    const colour = cf[12] < 0
+      ? [ch(0, 24), ch(1, 16), ch(2, 8)] // the older layout: colours over 0..1
+      : [lerp(b(12), b(15), ch(0, 24)), lerp(b(13), b(16), ch(1, 16)), lerp(b(14), b(17), ch(2, 8))];
+    rgba[i] = packRgba(colour[0], colour[1], colour[2], (pc & 255) / 255);
+  }
+  const antialiased = comments.some((c) => c === "comment antialiased 1" || c === "comment SplatRenderMode: mip");
+  return { n, pos, cov, rgba, antialiased };
+}
+
+// A .glb with a KHR_gaussian_splatting primitive (worker/exports/gltf_splat.py): float attributes,
+// RUB axes (glTF's) turned back to the job's world frame (y and z negated, as for .spz).
+export function parseGlb(buffer) {
+  const dv = new DataView(buffer);
+  if (buffer.byteLength < 20 || dv.getUint32(0, true) !== 0x46546c67) throw new Error("not a .glb file");
+  const jsonLength = dv.getUint32(12, true);
+  const gltf = JSON.parse(new TextDecoder().decode(new Uint8Array(buffer, 20, jsonLength)));
+  const binStart = 20 + jsonLength + 8;
+  const prim = (gltf.meshes || []).flatMap((m) => m.primitives).find((p) => p.extensions && p.extensions.KHR_gaussian_splatting);
+  if (!prim) throw new Error(".glb without a KHR_gaussian_splatting primitive");
+  const EXT = "KHR_gaussian_splatting:";
+  const attr = (name, width) => {
+    const index = prim.attributes[name];
+    if (index === undefined) throw new Error(`.glb without ${name}`);
+    const acc = gltf.accessors[index], view = gltf.bufferViews[acc.bufferView];
+    if (acc.componentType !== 5126) throw new Error(`${name}: only float attributes are read`);
+    const stride = (view.byteStride || 4 * width) / 4;
+    const base = binStart + (view.byteOffset || 0) + (acc.byteOffset || 0);
+    const data = new Float32Array(buffer.slice(base, base + 4 * (stride * (acc.count - 1) + width)));
+    return { n: acc.count, get: (i, k) => data[stride * i + k] };
+  };
+  const p = attr("POSITION", 3), r = attr(EXT + "ROTATION", 4), s = attr(EXT + "SCALE", 3);
+  const o = attr(EXT + "OPACITY", 1), dc = attr(EXT + "SH_DEGREE_0_COEF_0", 3);
+  const n = p.n;
+  const pos = new Float32Array(3 * n), cov = new Float32Array(6 * n), rgba = new Uint32Array(n);
+  for (let i = 0; i < n; i++) {
+    pos[3 * i] = p.get(i, 0); pos[3 * i + 1] = -p.get(i, 1); pos[3 * i + 2] = -p.get(i, 2);
+    const x = r.get(i, 0), y = r.get(i, 1), z = r.get(i, 2), w = r.get(i, 3);
+    const qn = Math.hypot(w, x, y, z) || 1;
+    putCovariance(cov, 6 * i, w / qn, x / qn, -y / qn, -z / qn, s.get(i, 0), s.get(i, 1), s.get(i, 2));
+    rgba[i] = packRgba(SH_C0 * dc.get(i, 0) + 0.5, SH_C0 * dc.get(i, 1) + 0.5, SH_C0 * dc.get(i, 2) + 0.5, o.get(i, 0));
+  }
+  return { n, pos, cov, rgba, antialiased: Boolean(prim.extras && prim.extras.antialiased) };
+}
+
+// The entries of a zip of stored (uncompressed) members, as SOG bundles are: name -> bytes.
+function storedZip(buffer) {
+  const dv = new DataView(buffer);
+  let eocd = -1;
+  for (let i = buffer.byteLength - 22; i >= Math.max(0, buffer.byteLength - 65557); i--) {
+    if (dv.getUint32(i, true) === 0x06054b50) { eocd = i; break; }
+  }
+  if (eocd < 0) throw new Error("not a zip file");
+  const entries = dv.getUint16(eocd + 10, true);
+  let at = dv.getUint32(eocd + 16, true);
+  const out = {};
+  for (let k = 0; k < entries; k++) {
+    if (dv.getUint32(at, true) !== 0x02014b50) throw new Error("zip directory is damaged");
+    const method = dv.getUint16(at + 10, true), size = dv.getUint32(at + 20, true);
+    const nameLen = dv.getUint16(at + 28, true), extraLen = dv.getUint16(at + 30, true);
+    const commentLen = dv.getUint16(at + 32, true), local = dv.getUint32(at + 42, true);
+    const name = new TextDecoder().decode(new Uint8Array(buffer, at + 46, nameLen));
+    if (method !== 0) throw new Error(`zip member ${name} is compressed (SOG bundles store them)`);
+    const data = local + 30 + dv.getUint16(local + 26, true) + dv.getUint16(local + 28, true);
+    out[name] = new Uint8Array(buffer, data, size);
+    at += 46 + nameLen + extraLen + commentLen;
+  }
+  return out;
+}
+
+// WebP bytes -> {width, height, rgba} with every byte as stored: the browser decodes the image
+// without premultiplying or colour-converting it, and WebGL reads the texels back (a 2D canvas
+// would premultiply, losing the colour of texels whose alpha, an opacity, is low).
+async function webpTexels(bytes) {
+  const bitmap = await createImageBitmap(new Blob([bytes], { type: "image/webp" }),
+    { premultiplyAlpha: "none", colorSpaceConversion: "none" });
+  const { width, height } = bitmap;
+  const gl = new OffscreenCanvas(1, 1).getContext("webgl2");
+  if (!gl) throw new Error("WebGL2 is unavailable");
+  gl.pixelStorei(gl.UNPACK_PREMULTIPLY_ALPHA_WEBGL, false);
+  gl.pixelStorei(gl.UNPACK_COLORSPACE_CONVERSION_WEBGL, gl.NONE);
+  const tex = gl.createTexture();
+  gl.bindTexture(gl.TEXTURE_2D, tex);
+  gl.texImage2D(gl.TEXTURE_2D, 0, gl.RGBA8, width, height, 0, gl.RGBA, gl.UNSIGNED_BYTE, bitmap);
+  const fb = gl.createFramebuffer();
+  gl.bindFramebuffer(gl.FRAMEBUFFER, fb);
+  gl.framebufferTexture2D(gl.FRAMEBUFFER, gl.COLOR_ATTACHMENT0, gl.TEXTURE_2D, tex, 0);
+  const rgba = new Uint8Array(4 * width * height);
+  gl.readPixels(0, 0, width, height, gl.RGBA, gl.UNSIGNED_BYTE, rgba);
+  bitmap.close();
+  gl.deleteFramebuffer(fb);
+  gl.deleteTexture(tex);
+  const lose = gl.getExtension("WEBGL_lose_context");
+  if (lose) lose.loseContext();
+  return { width, height, rgba };
+}
+
+// PlayCanvas' SOG bundle (.sog, version 2; worker/exports/sog.py describes it): the job's world
+// frame, as the 3DGS PLY. Only the SH DC band is drawn, as for the other files.
+export async function parseSog(buffer) {
+  const files = storedZip(buffer);
+  if (!files["meta.json"]) throw new Error("not a SOG bundle (no meta.json)");
+  const meta = JSON.parse(new TextDecoder().decode(files["meta.json"]));
+  if (meta.version !== 2) throw new Error(`SOG version ${meta.version} is not supported`);
+  const tex = async (name) => {
+    if (!files[name]) throw new Error(`SOG bundle without ${name}`);
+    return (await webpTexels(files[name])).rgba;
+  };
+  const [lo, hi, qt, sc, c0] = await Promise.all([meta.means.files[0], meta.means.files[1],
+    meta.quats.files[0], meta.scales.files[0], meta.sh0.files[0]].map(tex));
+  const n = meta.count;
+  const { mins, maxs } = meta.means;
+  const sBook = meta.scales.codebook, cBook = meta.sh0.codebook;
+  const unlog = (v) => Math.sign(v) * (Math.exp(Math.abs(v)) - 1);
+  const pos = new Float32Array(3 * n), cov = new Float32Array(6 * n), rgba = new Uint32Array(n);
+  const q = [0, 0, 0, 0];
+  for (let i = 0; i < n; i++) {
+    const t = 4 * i;
+    for (let k = 0; k < 3; k++) {
+      const u = (lo[t + k] | (hi[t + k] << 8)) / 65535;
+      pos[3 * i + k] = unlog(mins[k] + (maxs[k] - mins[k]) * u);
+    }
+    const largest = qt[t + 3] - 252;
+    let sum = 0, j = 0;
+    for (let k = 0; k < 4; k++) {
+      if (k === largest) continue;
+      q[k] = ((qt[t + j] / 255) * 2 - 1) / Math.SQRT2;
+      sum += q[k] * q[k];
+      j++;
+    }
+    q[largest] = Math.sqrt(Math.max(0, 1 - sum));
+    const qn = Math.hypot(q[0], q[1], q[2], q[3]) || 1;
+    putCovariance(cov, 6 * i, q[0] / qn, q[1] / qn, q[2] / qn, q[3] / qn,
+      Math.exp(sBook[sc[t]]), Math.exp(sBook[sc[t + 1]]), Math.exp(sBook[sc[t + 2]]));
+    rgba[i] = packRgba(SH_C0 * cBook[c0[t]] + 0.5, SH_C0 * cBook[c0[t + 1]] + 0.5, SH_C0 * cBook[c0[t + 2]] + 0.5,
+      c0[t + 3] / 255);
+  }
+  return { n, pos, cov, rgba, antialiased: meta.model === "antialiased" };
+}
+
+// The parser of each splat export the viewer can draw (api_schemas/exports.py's formats).
+export const PARSERS = {
+  spz: parseSpz,
+  sog: parseSog,
+  compressed_ply: parseCompressedPly,
+  glb: parseGlb,
+  splat: parseSplat,
+};
 
 // ---- cameras -------------------------------------------------------------------------
 
@@ -350,10 +604,19 @@ function background(job) {
   return BACKGROUNDS[b] || BACKGROUNDS.white;
 }
 
-// The job's .spz export (about a quarter of the .splat's bytes, and it carries the antialiasing
-// flag): made on a worker on first use (POST answers the existing one after).
-async function splatExport(jobId, onState) {
-  let state = await api.createExport(jobId, { format: "spz" });
+// The files the viewer draws, in its "file" menu: the .spz first (the smallest with every
+// Gaussian's antialiasing flag, what it loads unless told otherwise).
+export const VIEWER_FILES = [
+  ["spz", ".spz (Niantic, version 4)"],
+  ["sog", ".sog (PlayCanvas)"],
+  ["compressed_ply", ".compressed.ply (SuperSplat)"],
+  ["glb", ".glb (KHR_gaussian_splatting)"],
+];
+
+// One of the job's splat exports: made on a worker on first use (POST answers the existing one
+// after).
+async function splatExport(jobId, format, onState) {
+  let state = await api.createExport(jobId, { format });
   while (state.status === "queued" || state.status === "running") {
     onState(state);
     await new Promise((r) => setTimeout(r, 300));
@@ -378,34 +641,50 @@ export class SplatViewer {
     this.hud = el("span", { class: "hud", id: "splat-hud" }, "");
     this.msg = el("span", { class: "muted", id: "splat-msg" }, "preparing the .spz file…");
     this.download = el("a", { class: "button secondary", id: "splat-download", hidden: "" }, "Download .spz");
+    this.fileSelect = el("select", { id: "splat-format", title: "the export the viewer draws" },
+      VIEWER_FILES.map(([v, label]) => el("option", { value: v }, label)));
+    this.fileSelect.addEventListener("change", () => { this.ready = this.load(this.fileSelect.value); });
     this.stage = el("div", { class: "stage orbit", title: "drag or arrow keys to orbit, scroll or +/- to zoom" }, this.canvas, this.hud);
     root.replaceChildren(
       el("h3", {}, "Viewer (Gaussians drawn in this browser)"),
       this.stage,
-      el("div", { class: "controls" }, this.msg, this.download),
+      el("div", { class: "controls" }, this.fileSelect, this.msg, this.download),
     );
     this.fpsWindow = [];
-    this.ready = this.load();
+    this.ready = this.load("spz");
   }
 
-  async load() {
+  // Draw the job's export in `format` (VIEWER_FILES): made on a worker if it is not yet, then
+  // downloaded and parsed here.
+  async load(format) {
+    const parse = PARSERS[format];
+    this.format = format;
+    this.fileSelect.value = format;
+    delete this.canvas.dataset.ready;
+    this.msg.className = "muted";
+    this.msg.textContent = `preparing the ${format} file…`;
     try {
-      const state = await splatExport(this.job.id, (s) => { this.msg.textContent = `export ${s.status}…`; });
+      const state = await splatExport(this.job.id, format, (s) => { this.msg.textContent = `export ${s.status}…`; });
       const blob = await api.download(state.url);
-      if (this.disposed) return;
-      this.renderer = new SplatRenderer(this.canvas);
-      this.renderer.setData(await parseSpz(await blob.arrayBuffer()));
+      if (this.disposed || this.format !== format) return;
+      const data = await parse(await blob.arrayBuffer());
+      if (this.disposed || this.format !== format) return;
+      this.renderer = this.renderer || new SplatRenderer(this.canvas);
+      this.renderer.setData(data);
       this.download.href = state.url;
+      this.download.textContent = `Download ${state.artifact.slice(state.artifact.indexOf("."))}`;
       this.download.onclick = async (ev) => {
         ev.preventDefault();
-        const a = el("a", { href: URL.createObjectURL(blob), download: `${this.job.id}.spz` });
+        const a = el("a", { href: URL.createObjectURL(blob), download: state.artifact });
         a.click();
       };
       this.download.hidden = false;
       this.msg.textContent = `${this.renderer.n} Gaussians · drag to orbit, scroll to zoom`;
-      this.bindPointer();
+      if (!this.bound) this.bindPointer();
+      this.bound = true;
       this.drawNow();
       this.canvas.dataset.ready = "1";
+      this.canvas.dataset.format = format;
     } catch (err) {
       this.msg.textContent = `splat viewer unavailable: ${err.message}`;
       this.msg.className = "error";
