@@ -320,8 +320,13 @@ def wait_for(nf: Client, job_id: str, quiet: bool = False, timeout: float | None
         _dump(final)
     else:
         line = f"job {job_id} {status}"
-        if final.get("metrics"):
-            line += "  " + "  ".join(f"{k}={_fmt(v)}" for k, v in final["metrics"].items())
+        numbers = {
+            k: v
+            for k, v in (final.get("metrics") or {}).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        if numbers:  # the scalar metrics (the rest: nf status)
+            line += "  " + "  ".join(f"{k}={_fmt(v)}" for k, v in numbers.items())
         if final.get("error"):
             line += f"  error: {final['error']}"
         print(line, flush=True)
