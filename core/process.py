@@ -41,3 +41,11 @@ def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
     for children that parse hostile input (upload inspection, the COLMAP reader)."""
     env = dict(os.environ if env is None else env)
     return {k: v for k, v in env.items() if not _CREDENTIAL.search(k)}
+
+
+def child_pythonpath(root, env: dict[str, str] | None = None) -> str:
+    """PYTHONPATH for a child that runs a module of this repository from another working folder:
+    `root` (the repository) first, then the PYTHONPATH this process was given, which can hold
+    packages installed beside the interpreter's own (scripts/gpu_check.sh's wheel set)."""
+    inherited = (os.environ if env is None else env).get("PYTHONPATH", "")
+    return os.pathsep.join([str(root), *(p for p in inherited.split(os.pathsep) if p)])

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from core.process import child_env, set_parent_death_signal
+from core.process import child_env, child_pythonpath, set_parent_death_signal
 from core.settings import Settings
 from service.intake import IntakeError
 from service.intake.archive import detect_kind, zip_entry_count
@@ -120,7 +120,7 @@ def run_intake(
     out = src_path.parent / ".intake-result.json"
     # FFmpeg and friends may log without end on a hostile file: to a file, never to our memory.
     log_path = src_path.parent / ".intake-stderr"
-    env = {**child_env(), "PYTHONPATH": str(REPO_ROOT)}
+    env = {**child_env(), "PYTHONPATH": child_pythonpath(REPO_ROOT)}
     with open(log_path, "wb") as stderr:
         # Its own process group: a timeout also ends what it started (the COLMAP reader).
         proc = subprocess.Popen(

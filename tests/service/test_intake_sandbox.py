@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from core.process import child_env, worker_env
+from core.process import child_env, child_pythonpath, worker_env
 from core.settings import Settings
 from experiments.synthetic_scene import scene_files
 from service.intake import IntakeError
@@ -95,6 +95,13 @@ def test_children_get_no_credentials():
         "REDIS_URL": "redis://:pw@h/0",
         "WEBHOOK_SECRET": "w",
     }
+
+
+def test_children_find_the_repository_and_the_packages_on_the_pythonpath_given():
+    # scripts/gpu_check.sh puts the service's packages in a folder on PYTHONPATH: the intake and
+    # COLMAP children import them from there too.
+    assert child_pythonpath("/repo", {}) == "/repo"
+    assert child_pythonpath("/repo", {"PYTHONPATH": "/tmp/site::/x"}) == "/repo:/tmp/site:/x"
 
 
 def test_a_photo_named_by_several_frames_is_inspected_once(tmp_path, blender):

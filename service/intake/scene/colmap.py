@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.process import child_env
+from core.process import child_env, child_pythonpath
 from service.intake import IntakeError
 
 CHILD_MEMORY_BYTES = 4 << 30
@@ -61,7 +61,7 @@ def read_model(model_dir: Path, work_dir: Path, where: str) -> ColmapModel:
         (copy / f"points3D.{ext}").write_bytes(b"\0" * 8 if ext == "bin" else b"")
         model_dir = copy
     pkg_root = Path(__file__).resolve().parents[3]
-    env = {**child_env(), "PYTHONPATH": str(pkg_root)}
+    env = {**child_env(), "PYTHONPATH": child_pythonpath(pkg_root)}
     try:
         r = subprocess.run(
             [sys.executable, "-m", "service.intake.scene.colmap", str(model_dir), str(work_dir)],
