@@ -58,7 +58,13 @@ class NerfConfig(TrainingImages):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     # Optimisation
-    steps: int = Field(3000, ge=1, le=1_000_000, description="training steps")
+    steps: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="training steps; null: train until the time budget ends (the learning-rate "
+        "schedule follows that horizon)",
+    )
     lr: float = Field(1e-2, gt=0, le=1.0)
     lr_final_factor: float = Field(
         0.03,
@@ -186,6 +192,14 @@ class NerfConfig(TrainingImages):
     # Backgrounds: random while training (RGBA data), fixed for evaluation and rendering.
     train_background: Literal["random", "white", "black"] = "random"
     background: Background = "white"
+
+    appearance: bool | None = Field(
+        False,
+        description="per-image affine colour transform (auto exposure, white balance) learnt in "
+        "training only; renders and held-out scores use none. null: on for photos without "
+        "transparency (real captures), off for RGBA uploads",
+    )
+    lr_appearance: float = Field(1e-3, gt=0, le=1.0, description="Adam rate of the transforms")
 
     # Bookkeeping
     checkpoint_every: int = Field(500, ge=1, le=1_000_000)

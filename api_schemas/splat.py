@@ -3,7 +3,9 @@ schedule scaled to `steps` (densify until half-way, opacity reset every `opacity
 
 Step numbers of the schedule (densify_from/every, opacity_reset_every, sh_increase_every) are
 those of a run reaching `steps`; when the time budget ends the run first they scale with it (the
-schedule's position is `steps` x the larger of the steps and the budget fractions done)."""
+schedule's position is `steps` x the larger of the steps and the budget fractions done). A job
+that sets no `steps` trains until its budget ends, its schedule read as SCHEDULE_STEPS long and
+positioned by the budget fraction alone."""
 
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ from pydantic import ConfigDict, Field
 
 from api_schemas.nerf import TIME_LIMIT_HELP, Background, TrainingImages
 
+# The schedule's length in steps when a job sets no `steps` (it trains until its budget): the
+# step numbers of the schedule (densify_every, sh_increase_every, ...) are read against it.
+SCHEDULE_STEPS = 3000
 # densification thresholds on the mean view-space (NDC) gradient: 3DGS's, and gsplat's with absgrad
 GRAD_THRESHOLD = 2e-4
 ABSGRAD_THRESHOLD = 8e-4
@@ -21,7 +26,13 @@ ABSGRAD_THRESHOLD = 8e-4
 class SplatConfig(TrainingImages):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    steps: int = Field(3000, ge=1, le=1_000_000, description="training steps (one image per step)")
+    steps: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="training steps (one image per step); null: train until the time budget "
+        f"ends, the schedule laid over that horizon as over {SCHEDULE_STEPS} steps",
+    )
     time_limit_s: float | None = Field(None, gt=0, description=TIME_LIMIT_HELP)
     seed: int = Field(0, ge=0)
 

@@ -4,9 +4,10 @@ final evaluation all count against `time_limit_s` (or the device's default when 
 Where the rest goes, so that training gets most of it: curve points render a fixed pixel
 subsample of the test views and take at most CURVE_SHARE of the training time; checkpoint writes
 at most worker.checkpoints.MAX_SHARE of the time between them; the final evaluation scores every
-test view within what is left after training (at most EVAL_SHARE of the budget), at a pixel
-stride (every s-th pixel of every s-th row, so the scores stay those of full-size renders, on
-fewer pixels) chosen view by view from the measured render speed.
+test view at full size: training stops early enough for it (what the measured render speed says
+it takes, up to EVAL_MAX_SHARE of the budget). Only a worker too slow for that scores views at a
+pixel stride (every s-th pixel of every s-th row), chosen view by view, and the metrics say so
+(`eval_scale` below 1).
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from typing import Any
 
 from api_schemas.nerf import DEFAULT_TIME_LIMIT_S
 
-EVAL_SHARE = 0.1  # the most of a budget the final evaluation is planned to take...
-# ...unless scoring every view on MIN_EVAL_PIXELS alone would take longer (a starved worker):
-# then what that takes, up to this share, so the job still ends within budget + allowance.
+EVAL_SHARE = 0.1  # what the final evaluation is planned to take before a render speed is known
+# The most of a budget kept for a full-size evaluation; past it views are scored at a stride.
 EVAL_MAX_SHARE = 0.25
 CURVE_SHARE = 0.02  # the most of the training time test-curve points may take
 # The final evaluation also scores and encodes what it renders; curve points only render.
@@ -67,13 +67,10 @@ class TimeBudget:
 
     def eval_reserve(self, view_pixels: Sequence[int]) -> float:
         """Seconds kept for the final evaluation of every test view (their pixel counts)."""
-        cap = EVAL_SHARE * self.limit_s
         if self.eval_s_per_pixel is None:
-            return cap
-        rate = self.eval_s_per_pixel * EVAL_OVERHEAD
-        full = rate * sum(view_pixels)
-        floor = rate * sum(min(p, MIN_EVAL_PIXELS) for p in view_pixels)
-        return min(max(min(cap, full), floor), EVAL_MAX_SHARE * self.limit_s)
+            return EVAL_SHARE * self.limit_s
+        full = self.eval_s_per_pixel * EVAL_OVERHEAD * sum(view_pixels)
+        return min(full, EVAL_MAX_SHARE * self.limit_s)
 
     def training_end(self, view_pixels: Sequence[int]) -> float:
         """Budget seconds at which training should stop."""

@@ -208,10 +208,12 @@ def test_schedule_follows_the_time_budget(tmp_path, blender):
     """A 3000-step schedule in a budget that fits ~25 steps: the schedule moves 60 schedule steps
     a step (2 s of a 100 s budget each), densifies at most every MIN_REFINE_STEPS steps and
     resets opacity once it passes 1000, all before the densify window closes at 1500."""
+    from api_schemas.splat import SCHEDULE_STEPS
     from worker.splat.trainer import MIN_REFINE_STEPS
 
     cfg, _, job = intake(tmp_path, blender, {"n_init_points": 300})
-    assert cfg["steps"] == 3000 and cfg["opacity_reset_every"] == 1000
+    # no steps: the schedule is SCHEDULE_STEPS long, positioned by the budget fraction alone
+    assert cfg["steps"] is None and SCHEDULE_STEPS == 3000 and cfg["opacity_reset_every"] == 1000
     meta = read_meta(job / "dataset")
     t = SplatTrainer(cfg, meta, torch.device("cpu"), Dataset(job / "dataset", "train", meta))
     t.lr_horizon_s = 100.0

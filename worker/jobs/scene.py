@@ -49,6 +49,15 @@ TILE_PIXELS = 16_384  # a frame render job's band of rows: progress about this o
 RENDERS_ZIP = "test_renders.zip"
 
 
+def planned_steps(step: int, start: tuple[int, float], used_s: float, end_s: float) -> int:
+    """The step a run that trains until `end_s` of its budget will reach, at the pace since
+    `start` (step, budget seconds used then); at least one more than `step`."""
+    done, spent = step - start[0], used_s - start[1]
+    if done <= 0 or spent <= 0:
+        return step + 1
+    return step + max(1, round(done / spent * max(end_s - used_s, 0.0)))
+
+
 class SceneModel:
     """What a render needs, built once per checkpoint and kept in `checkpoint.cache`."""
 
@@ -107,7 +116,7 @@ class SceneJob:
     def report(self, ctx, trainer, last: dict[str, float], force: bool = False, **extra) -> None:
         ctx.progress.report(
             trainer.step,
-            ctx.config.steps,
+            getattr(trainer, "planned_steps", None) or ctx.config.steps or trainer.step,
             loss=last.get("loss"),
             psnr=last.get("psnr"),
             force=force,
@@ -160,7 +169,7 @@ class SceneJob:
         trainer = self.make_trainer(ctx, meta, self.dataset(ctx, "train", meta))
         test = self.dataset(ctx, "test", meta)
         self.resume(ctx, trainer)
-        steps = config.steps
+        steps = config.steps  # None: until the budget's training time ends
         # Wall time from the start of training (worker/budget.py): curve points, checkpoints and
         # the final evaluation count; earlier runs of a resumed job too.
         budget = TimeBudget(
@@ -172,24 +181,33 @@ class SceneJob:
         test_pixels = [f.w * f.h for f in test.frames]
         ctx.progress.start_step = trainer.step
         ctx.progress.set_deadline(budget.left())
-        ctx.progress.report(trainer.step, steps, force=True)
+        start = (trainer.step, budget.used())
+        trainer.planned_steps = steps or trainer.step + 1
+        ctx.progress.report(trainer.step, trainer.planned_steps, force=True)
         last: dict[str, float] = {}
-        while trainer.step < steps and budget.used() < budget.training_end(test_pixels):
+        while (steps is None or trainer.step < steps) and budget.used() < budget.training_end(
+            test_pixels
+        ):
             ctx.raise_if_cancelled()
             trainer.lr_horizon_s = budget.training_end(test_pixels)
             trainer.budget_used_s = budget.used()
             last = trainer.train_step()
+            if steps is None:  # progress counts towards the steps the budget will have held
+                trainer.planned_steps = planned_steps(
+                    trainer.step, start, budget.used(), trainer.lr_horizon_s
+                )
             # This run's first step is reported at once: the first loss and PSNR are there to
             # see, and later ones compare with where training started, whatever the step speed.
             self.report(ctx, trainer, last, force=trainer.step == ctx.progress.start_step + 1)
             t0 = time.perf_counter()
             self.after_step(trainer, test)
             budget.spent["curve"] += time.perf_counter() - t0
-            if trainer.step < steps and ctx.checkpoints.due(
+            if (steps is None or trainer.step < steps) and ctx.checkpoints.due(
                 marked=trainer.step % config.checkpoint_every == 0
             ):
                 self._checkpoint(ctx, trainer, budget)
         self._checkpoint(ctx, trainer, budget)
+        trainer.planned_steps = trainer.step
         self.report(ctx, trainer, last, force=True)
 
         ctx.raise_if_cancelled()

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from api_schemas.nerf import DEFAULT_CONE_ANGLE, DEFAULT_SAMPLES_PER_STEP, NerfConfig
 from kernels import HashGridAdam, OccupancyGrid
-from worker.budget import device_type
+from worker.budget import device_type, time_limit
 from worker.configs import config_dict
 from worker.memory import reuse_freed_memory
 from worker.nerf.error_map import ErrorMap
@@ -24,6 +24,7 @@ from worker.scene.dataset import Dataset, background_rgb, composite_background
 from worker.scene.metrics import psnr_from_mse as psnr
 
 log = logging.getLogger(__name__)
+APPEARANCE_MEAN_WEIGHT = 1.0  # pull of the per-image transforms' mean towards the identity
 
 MIN_RAYS = 64
 # Bumped when the checkpoint's tensors change meaning; an older checkpoint is not resumed (it
@@ -169,6 +170,15 @@ class NerfTrainer:
         self.table_opt = HashGridAdam(
             self.field.encoding, config.lr, tuple(config.adam_betas), config.adam_eps
         )
+        # Per-image affine colour transforms (training only), rows [M | b]: rgb' = M rgb + b. A
+        # phone's auto exposure and white balance then need no floaters in front of one photo.
+        self.appearance: torch.nn.Parameter | None = None
+        if data is not None and (
+            config.appearance if config.appearance is not None else not data.has_alpha
+        ):
+            eye = torch.eye(3, 4, device=self.device)
+            self.appearance = torch.nn.Parameter(eye.repeat(len(data), 1, 1))
+            self.app_opt = torch.optim.Adam([self.appearance], lr=config.lr_appearance)
         self.generator = torch.Generator().manual_seed(config.seed)
         # Training pixels drawn where the error is (instant-ngp); masks keep uniform draws.
         share = config.error_map_share
@@ -215,13 +225,13 @@ class NerfTrainer:
     # -- optimisation --------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
         # Exponential decay from lr to lr * lr_final_factor over the run: the planned steps, or
-        # the time limit when that ends the run first.
+        # the time limit when that ends the run first (or always, when no steps are planned).
         c = self.config
-        frac = step / max(c.steps, 1)
+        frac = step / c.steps if c.steps else 0.0
         if self.lr_horizon_s:
             frac = max(frac, self.budget_used_s / self.lr_horizon_s)
-        elif c.time_limit_s:
-            frac = max(frac, self.train_s / c.time_limit_s)
+        elif c.time_limit_s or not c.steps:  # no job around it (scripts): the config's budget
+            frac = max(frac, self.train_s / time_limit(c.time_limit_s, self.device))
         frac = min(frac, 1.0)
         return c.lr * c.lr_final_factor**frac
 
@@ -254,7 +264,7 @@ class NerfTrainer:
         if self.error_map is not None:
             o, d, rgba, drawn = self.error_map.sample(n, self.generator, jitter)
         else:
-            o, d, rgba = self.data.sample(n, self.generator, jitter=jitter)
+            o, d, rgba, drawn = self.data.sample(n, self.generator, jitter=jitter, with_index=True)
         o, d, rgba = o.to(self.device), d.to(self.device), rgba.to(self.device)
         bg = self._background(n)
         target = composite_background(rgba, bg)
@@ -276,8 +286,16 @@ class NerfTrainer:
             alpha_threshold=self.config.alpha_threshold,
             with_samples=True,
         )
+        if self.appearance is not None:  # each ray's photo's exposure / white balance
+            a = self.appearance.index_select(0, self.data.image_of(drawn).to(self.device))
+            rgb = torch.baddbmm(a[:, :, 3:], a[:, :, :3], rgb[:, :, None])[:, :, 0]
         loss = F.mse_loss(rgb, target)
         mse = loss.detach()
+        if self.appearance is not None:
+            # The transforms' mean stays the identity: the field keeps the colours of an average
+            # photo, which is what renders without a transform (held-out views) show.
+            eye = torch.eye(3, 4, device=self.device)
+            loss = loss + APPEARANCE_MEAN_WEIGHT * ((self.appearance.mean(0) - eye) ** 2).sum()
         dist_weight = self.config.distortion_loss
         if dist_weight > 0 and stats.kept:
             w = render_weights(samples.sigma, samples.t_starts, samples.t_ends, samples.offsets)
@@ -290,10 +308,14 @@ class NerfTrainer:
             self.error_map.update(drawn, ((rgb.detach() - target) ** 2).mean(-1).cpu())
         self.opt.zero_grad(set_to_none=True)
         self.table_opt.zero_grad()
+        if self.appearance is not None:
+            self.app_opt.zero_grad(set_to_none=True)
         if stats.kept:
             loss.backward()
             self.opt.step()
             self.table_opt.step()
+            if self.appearance is not None:
+                self.app_opt.step()
         self.step += 1
         self.last = stats
         # Batch sized by samples: rays next step = target / samples per ray now (smoothed).
@@ -326,6 +348,10 @@ class NerfTrainer:
         tensors["rng.generator"] = self.generator.get_state()
         if self.error_map is not None:
             tensors["error_map"] = self.error_map.error
+        if self.appearance is not None:
+            tensors["appearance"] = self.appearance.detach()
+            for key, value in self.app_opt.state_dict()["state"].get(0, {}).items():
+                tensors[f"app_opt.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
         tensors["rng.torch"] = torch.get_rng_state()
         meta = {
             "kind": "nerf",
@@ -370,6 +396,15 @@ class NerfTrainer:
         self.generator.set_state(tensors["rng.generator"])
         if self.error_map is not None and "error_map" in tensors:
             self.error_map.error = tensors["error_map"].clone()
+        if self.appearance is not None and "appearance" in tensors:
+            with torch.no_grad():
+                self.appearance.copy_(tensors["appearance"])
+            app = {k[8:]: v for k, v in tensors.items() if k.startswith("app_opt.")}
+            if app:
+                sd = self.app_opt.state_dict()
+                self.app_opt.load_state_dict(
+                    {"state": {0: app}, "param_groups": sd["param_groups"]}
+                )
         torch.set_rng_state(tensors["rng.torch"])
         self.step = int(meta["step"])
         self.n_rays = int(meta["n_rays"])

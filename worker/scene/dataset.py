@@ -204,10 +204,17 @@ class Dataset:
         f = self.frames[i]
         return self.keep[self.starts[i] : self.starts[i + 1]].reshape(f.h, f.w)
 
-    def sample(self, n: int, generator: torch.Generator | None = None, jitter: float = 0.0):
+    def sample(
+        self,
+        n: int,
+        generator: torch.Generator | None = None,
+        jitter: float = 0.0,
+        with_index: bool = False,
+    ):
         """n training rays drawn uniformly over the unmasked pixels of every image, each through a
         uniformly random point of the square `jitter` pixels wide around its pixel's centre (0:
-        the centre; 1: anywhere in the pixel, whose photo value integrates its whole area)."""
+        the centre; 1: anywhere in the pixel, whose photo value integrates its whole area).
+        Returns (o, d, rgba) as `rays_of`, and with `with_index` their global pixel indices (n,)."""
         if self.keep is None:
             idx = torch.randint(0, self.n_pixels, (n,), generator=generator)
         else:  # rejection: draw enough candidates for n kept ones, again while short
@@ -220,7 +227,13 @@ class Dataset:
                 have += len(cand)
             idx = torch.cat(found)[:n]
         at = 0.5 + (torch.rand(n, 2, generator=generator) - 0.5) * float(jitter) if jitter else None
+        if with_index:
+            return (*self.rays_of(idx, at), idx)
         return self.rays_of(idx, at)
+
+    def image_of(self, idx: torch.Tensor) -> torch.Tensor:
+        """(n,) int64: the frame each global pixel index (n,) belongs to."""
+        return torch.searchsorted(self.starts, idx, right=True) - 1
 
     def pinhole_views(self, samples: int = 129) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Pinhole cameras whose images hold every ray of the frames (for frustum tests).

@@ -21,8 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from api_schemas.splat import ABSGRAD_THRESHOLD, GRAD_THRESHOLD, SplatConfig
+from api_schemas.splat import ABSGRAD_THRESHOLD, GRAD_THRESHOLD, SCHEDULE_STEPS, SplatConfig
 from kernels.splat_project import quat_to_rotmat
+from worker.budget import time_limit
 from worker.configs import config_dict
 from worker.memory import reuse_freed_memory
 from worker.scene.cameras import RenderCamera
@@ -132,7 +133,7 @@ class SplatTrainer:
             self.appearance = torch.nn.Parameter(eye.repeat(len(self.images), 1, 1))
             self.app_opt = torch.optim.Adam([self.appearance], lr=config.lr_appearance)
         self._reset_stats()
-        self.densify_until = config.densify_until * config.steps
+        self.densify_until = config.densify_until * schedule_length(config)
         # Seconds of the job's budget at which training ends (set by the job, as for nerf)
         self.lr_horizon_s: float | None = None
         self.budget_used_s = 0.0
@@ -212,10 +213,12 @@ class SplatTrainer:
     def schedule_step(self) -> float:
         """Where the run stands on the `steps`-long schedule: the step, or further when the time
         budget is used up faster than the steps (the job's real horizon)."""
-        steps = int(self.config.steps)
-        frac = self.step / max(steps, 1)
+        steps = schedule_length(self.config)
+        frac = self.step / steps if self.config.steps else 0.0
         if self.lr_horizon_s:
             frac = max(frac, self.budget_used_s / self.lr_horizon_s)
+        elif not self.config.steps:  # no job around it (scripts): the device's default budget
+            frac = self.train_s / time_limit(self.config.time_limit_s, self.device)
         return min(frac, 1.0) * steps
 
     def active_degree(self) -> int:
@@ -277,7 +280,7 @@ class SplatTrainer:
 
     def _set_lr(self):
         c = self.config
-        t = self.schedule_step() / max(1, c.steps)
+        t = self.schedule_step() / schedule_length(c)
         lr = math.exp((1 - t) * math.log(c.lr_means) + t * math.log(c.lr_means_final)) * self.extent
         for g in self.opt.param_groups:
             if g["name"] == "means":
@@ -541,3 +544,9 @@ def _default_camera(meta: dict[str, Any]) -> dict[str, Any]:
 
 def to_numpy(img: torch.Tensor) -> np.ndarray:
     return img.detach().clamp(0, 1).cpu().numpy()
+
+
+def schedule_length(config: SplatConfig) -> int:
+    """The schedule's length in steps: the job's `steps`, or SCHEDULE_STEPS for a job that trains
+    until its budget (its position is then the budget fraction used)."""
+    return int(config.steps or SCHEDULE_STEPS)
