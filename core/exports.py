@@ -22,7 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api_schemas.exports import Export, ExportFormat, ExportStatus
-from core import leases
+from core import leases, retry
 from core.db import migrate
 from core.db.engine import database_url, db_now, session
 from core.db.exports import ExportRow
@@ -171,6 +171,15 @@ class ExportStore:
             return to_model(row), True
 
     def update(self, job_id: str, eid: str, **fields: Any) -> Export:
+        """Set `fields`; while `running` holds the lease, fenced by it and retried through
+        transient database errors until it is lost."""
+        if self._fence is None:
+            return self._update(job_id, eid, fields)
+        return retry.fenced(
+            self._fence, lambda: self._update(job_id, eid, fields), f"writing export {eid}"
+        )
+
+    def _update(self, job_id: str, eid: str, fields: dict[str, Any]) -> Export:
         with session(self.settings, write=True) as s:
             row = self._row(s, job_id, eid, lock=True)
             leases.fence(s, self._fence)

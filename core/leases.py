@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
+from core import retry
 from core.db.engine import db_now, insert_if_missing, session
 from core.db.leases import Lease
 
@@ -320,8 +321,15 @@ def held(
         stop.set()
         for thread in threads:
             thread.join(timeout=1)
+        # Retried through transient errors for up to a TTL (in the background past the wait):
+        # a release that never lands leaves the delivery open, which the next one counts as a
+        # lost worker.
         _bounded(
-            lambda: release(settings, got, close=count),
+            lambda: retry.retrying(
+                lambda: release(settings, got, close=count),
+                f"releasing lease {kind}/{subject}",
+                deadline_s=ttl_s,
+            ),
             max(ttl_s / 4, 5.0),
             f"lease {kind}/{subject} release",
         )

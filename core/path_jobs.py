@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from core import leases
+from core import leases, retry
 from core.db.engine import session
 from core.db.leases import RENDER
 from core.db.renders import RenderRow
@@ -142,10 +142,20 @@ def update(
 ) -> dict[str, Any]:
     """Set `changes`; with `fence` (the worker's claim of the render job's lease) only while
     that lease is still the claim's holder's, checked in the same transaction (LeaseLost
-    otherwise, nothing written)."""
+    otherwise, nothing written), transient database errors retried until it is lost."""
     unknown = set(changes) - UPDATABLE
     if unknown:
         raise ValueError(f"render job fields that cannot be set: {sorted(unknown)}")
+    if fence is None:
+        return _update(paths, render_id, settings, changes, None)
+    return retry.fenced(
+        fence,
+        lambda: _update(paths, render_id, settings, changes, fence),
+        f"writing render {render_id}",
+    )
+
+
+def _update(paths, render_id: str, settings, changes: dict[str, Any], fence) -> dict[str, Any]:
     with session(_settings(settings), write=True) as s:
         row = _row(s, paths, render_id, lock=True)
         leases.fence(s, fence)

@@ -40,7 +40,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from api_schemas.jobs import Job, JobKind, JobStatus, Progress
-from core import leases
+from core import leases, retry
 from core.db import migrate
 from core.db.engine import database_url, db_now, engine_for_url, session
 from core.db.exports import ExportRow
@@ -163,8 +163,19 @@ class JobStore:
     def confirm(self, job_id: str) -> None:
         """LeaseLost unless the fence's lease is still this holder's (a write outside the
         database, such as a checkpoint's pointer, is made only after this)."""
-        with self._session(write=True) as s:
-            self._lock_row(s, job_id)
+
+        def check() -> None:
+            with self._session(write=True) as s:
+                self._lock_row(s, job_id)
+
+        self._retried(check, f"confirming the lease of job {job_id}")
+
+    def _retried(self, fn: Callable[[], Any], what: str) -> Any:
+        """A fenced store's write: transient database errors retried with backoff for as long
+        as the lease is held (core/retry.py); an unfenced one is tried once."""
+        if self._fence is None:
+            return fn()
+        return retry.fenced(self._fence, fn, what)
 
     def _notify(self, job: Job) -> None:
         for listener in self.listeners:
@@ -337,6 +348,11 @@ class JobStore:
         """Apply `fn` to the current job inside one transaction holding the row's lock; `fn`
         returning None means no change. A status event is logged when the status changes, or on
         any change with status_event."""
+        return self._retried(
+            lambda: self._update(job_id, fn, status_event), f"writing job {job_id}"
+        )
+
+    def _update(self, job_id: str, fn: Callable[[Job], Job | None], status_event: bool) -> Job:
         with self._session(write=True) as s:
             row = self._lock_row(s, job_id)
             job = _to_job(row)
@@ -375,12 +391,16 @@ class JobStore:
 
     def set_progress(self, job_id: str, progress: Progress) -> Job:
         data = progress.model_dump(mode="json")
-        with self._session(write=True) as s:
-            row = self._lock_row(s, job_id)
-            row.progress = data
-            row.updated_at = utcnow()
-            self._append_event(s, row, "progress", data)
-            return _to_job(row)
+
+        def write() -> Job:
+            with self._session(write=True) as s:
+                row = self._lock_row(s, job_id)
+                row.progress = data
+                row.updated_at = utcnow()
+                self._append_event(s, row, "progress", data)
+                return _to_job(row)
+
+        return self._retried(write, f"writing job {job_id}'s progress")
 
     def request_cancel(self, job_id: str) -> Job:
         """Raise the job's cancel flag (a running trainer polls it, a worker picking the task up

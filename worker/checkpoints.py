@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save
 
+from core import retry
 from core.storage import (
     CHECKPOINT_RE,
     LATEST_NAME,
@@ -76,14 +77,27 @@ class Published:
         when the lease is lost) the pointer to it, then delete all but the `keep` newest
         published steps (never `step`)."""
         for path in (checkpoint_meta(Path(), step), checkpoint_tensors(Path(), step)):
-            self.storage.push(self.job_id, self._key(path.name))
+            self._push(path.name)
         if confirm is not None:
             confirm()
-        self.storage.push(self.job_id, self._key(LATEST_NAME))
-        for old in self.steps()[max(keep, 1) :]:
-            if old != step:
-                for path in (checkpoint_tensors(Path(), old), checkpoint_meta(Path(), old)):
-                    self.storage.delete(self.job_id, self._key(path.name))
+        self._push(LATEST_NAME)
+        try:
+            for old in self.steps()[max(keep, 1) :]:
+                if old != step:
+                    for path in (checkpoint_tensors(Path(), old), checkpoint_meta(Path(), old)):
+                        self.storage.delete(self.job_id, self._key(path.name))
+        except Exception as exc:  # old steps left: the next publish prunes them
+            if not retry.transient(exc):
+                raise
+            log.warning("job %s: old checkpoints not pruned (%s)", self.job_id, type(exc).__name__)
+
+    def _push(self, name: str) -> None:
+        """Upload one file of the work dir's folder, through transient storage errors (an
+        endpoint down for a while, 5xx, SlowDown: core/retry.py) with backoff."""
+        retry.retrying(
+            lambda: self.storage.push(self.job_id, self._key(name)),
+            f"uploading {self.prefix}/{name} of job {self.job_id}",
+        )
 
     def steps(self) -> list[int]:
         """Published steps (those with a tensor object), newest first."""

@@ -29,7 +29,7 @@ from api_schemas.tasks import (
     RenderTask,
     TrainTask,
 )
-from core import leases, metrics, usage, webhooks
+from core import leases, metrics, retry, usage, webhooks
 from core.celery_config import PREPROCESS_QUEUE, TRAIN_QUEUE, send
 from core.db.leases import SFM, TRAIN
 from core.process import set_parent_death_signal
@@ -96,6 +96,8 @@ def published(storage: Storage, job_id: str) -> Published | None:
 
 
 def _short_error(exc: BaseException) -> str:
+    if retry.transient(exc):  # its text names the database's or the storage's host
+        return retry.public_text(exc)
     msg = without_paths(str(exc).strip())
     if isinstance(exc, UnknownKind):
         return msg
@@ -267,6 +269,9 @@ def preprocess(job_id: str) -> None:
             except Exception as exc:
                 if not isinstance(exc, sfm_stage.StageError):
                     log.error("job %s: SfM failed:\n%s", job_id, traceback.format_exc())
+                if retry.transient(exc):  # sent to `preprocess` again by the reaper
+                    _hand_back(store, job_id, exc)
+                    return
                 store.set_status(
                     job_id,
                     JobStatus.failed,
@@ -353,9 +358,20 @@ def _train_locked(store: JobStore, settings, job_id: str, paths, lease) -> None:
         return
     except Exception as exc:
         log.error("job %s failed:\n%s", job_id, traceback.format_exc())
+        if retry.transient(exc):
+            _hand_back(store, job_id, exc)
+            return
         _fail_when_possible(store, job_id, _short_error(exc))
         return
     store.set_status(job_id, JobStatus.succeeded, metrics=final, only_from={JobStatus.running})
+
+
+def _hand_back(store: JobStore, job_id: str, exc: BaseException) -> None:
+    """The database or storage failed past the retries (not the job's fault): the job goes back
+    to `queued` instead of failing, and the reaper sends it again after QUEUED_GRACE_S (it
+    resumes from its latest checkpoint; this delivery ended cleanly, so no worker is lost)."""
+    log.warning("job %s: %s; back in the queue", job_id, retry.public_text(exc))
+    store.set_status(job_id, JobStatus.queued, only_from={JobStatus.running})
 
 
 def _push_made_since(storage: Storage, job_id: str, folder, since: float) -> None:
