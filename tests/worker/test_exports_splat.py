@@ -98,7 +98,8 @@ def test_point_cloud_and_bad_options(fs_stack, trained):
     assert np.allclose(np.sort(cloud.vertices, 0), np.sort(want, 0), atol=1e-4)
     url = f"/v1/jobs/{trained['id']}/exports"
     for body in (
-        {"format": "glb"},
+        {"format": "obj"},  # a nerf mesh's file (a splat job's mesh is `mesh`)
+        {"format": "glb", "options": {"threshold": 5.0}},  # a splat job's glb holds Gaussians
         {"format": "splat", "options": {"resolution": 64}},
         {"format": "point_cloud", "options": {"min_opacity": 1.5}},
         {"format": "gaussians", "extra": 1},

@@ -116,10 +116,9 @@ def _splat(job, checkpoint, paths, fmt: ExportFormat, stored: dict[str, Any]):
         return data, {"gaussians": n, "antialiased": model.antialiased}
     if fmt == ExportFormat.mesh:
         from worker.exports.splat_mesh import splat_mesh_export
-        from worker.scene.dataset import Dataset, read_meta
+        from worker.scene.dataset import read_meta
 
-        dataset = Dataset(paths.dataset, "train", read_meta(paths.dataset))
-        return splat_mesh_export(model, dataset, options)
+        return splat_mesh_export(model, read_meta(paths.dataset), options)
     return splat_point_cloud(
         model.params,
         model.normalization,
