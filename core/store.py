@@ -53,8 +53,10 @@ from core.storage import parse_job_id
 
 log = logging.getLogger(__name__)
 # Called with the job after each status event is logged, once its transaction has committed:
-# webhook deliveries (core/webhooks.py) and metrics (core/metrics.py). One that raises is logged
-# and never fails the status write.
+# metrics (core/metrics.py). One that raises is logged and never fails the status write. A
+# listener with an `in_transaction(session, job)` method is also called inside the status
+# change's transaction, the job's row locked (webhook deliveries, core/webhooks.py: an outbox);
+# one that raises there fails the change, so both are written or neither.
 StatusListener = Callable[[Job], None]
 
 
@@ -338,7 +340,7 @@ class JobStore:
             self._fill(row, job)
             row.created_at = now
             s.flush()
-            self._append_event(s, row, "status", self._status_data(job))
+            self._status_logged(s, row, job)
         self._notify(job)
         return job
 
@@ -363,7 +365,7 @@ class JobStore:
             self._fill(row, new)
             logged = new.status != job.status or status_event
             if logged:
-                self._append_event(s, row, "status", self._status_data(new))
+                self._status_logged(s, row, new)
         if logged:
             self._notify(new)
         return new
@@ -414,7 +416,7 @@ class JobStore:
             job.status = JobStatus.cancelled
             job.updated_at = utcnow()
             self._fill(row, job)
-            self._append_event(s, row, "status", self._status_data(job))
+            self._status_logged(s, row, job)
         self._notify(job)
         return job
 
@@ -579,6 +581,14 @@ class JobStore:
         row.metrics = data["metrics"]
         row.progress = data["progress"]
         row.error = job.error
+
+    def _status_logged(self, s: Session, row: JobRow, job: Job) -> None:
+        """The status event, and what transactional listeners record with it (webhooks)."""
+        self._append_event(s, row, "status", self._status_data(job))
+        for listener in self.listeners:
+            in_tx = getattr(listener, "in_transaction", None)
+            if in_tx is not None:
+                in_tx(s, job)
 
     def _append_event(self, s: Session, row: JobRow, event: str, data: dict[str, Any]) -> None:
         # The row is locked by this transaction, so the seq cannot be taken twice.

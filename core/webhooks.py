@@ -1,9 +1,14 @@
 """Webhooks: callback URLs, signing secrets and the delivery log (docs/webhooks.md).
 
-Status changes (JobStore listeners, in whichever process writes them) and finished exports
-(the worker) are recorded as rows of `webhook_deliveries` (core/db/webhooks.py), numbered per
-job in event order; the train workers' sender (core/webhook_sender.py) POSTs the pending ones.
-Recording is one small insert, so neither the API nor a training ever waits on a receiver.
+Status changes and finished exports are recorded as rows of `webhook_deliveries`
+(core/db/webhooks.py), numbered per job in event order; the train workers' sender
+(core/webhook_sender.py) POSTs the pending ones, and a row stays until it is sent (or failed
+after its attempts). A status change's row is inserted in the status change's own transaction
+(`status_recorder`, a JobStore listener run inside it: an outbox), so a process dying right after
+the change cannot lose its event: both are committed or neither. Numbering happens under the
+job row's lock (the status change holds it; `record_event` takes it), so the two never race for
+a number. Recording is one small insert, so neither the API nor a training ever waits on a
+receiver.
 
 A job's callback URL (`webhook_jobs`, from the submission's `callback_url`) wins over its key's
 (`webhook_keys`, which also holds the key's signing secret); the job's key is its owner.
@@ -188,13 +193,17 @@ def set_job_url(paths: JobPaths | str, url: str, storage) -> None:
 
 def callback_url(storage, job_id: str) -> str | None:
     with session(db_settings(storage)) as s:
-        url = s.scalar(select(WebhookJob.url).where(WebhookJob.job_id == job_id))
-        if url:
-            return url
-        kid = s.scalar(select(JobRow.owner).where(JobRow.id == job_id))
-        if not kid:
-            return None
-        return s.scalar(select(WebhookKey.url).where(WebhookKey.owner == kid))
+        return _callback_url(s, job_id)
+
+
+def _callback_url(s, job_id: str) -> str | None:
+    url = s.scalar(select(WebhookJob.url).where(WebhookJob.job_id == job_id))
+    if url:
+        return url
+    kid = s.scalar(select(JobRow.owner).where(JobRow.id == job_id))
+    if not kid:
+        return None
+    return s.scalar(select(WebhookKey.url).where(WebhookKey.owner == kid))
 
 
 # -- the delivery log ----------------------------------------------------------------------------
@@ -262,44 +271,50 @@ def pending_jobs(storage=None, settings=None) -> int:
 def record_event(
     storage, job_id: str, type_: WebhookEventType, data: dict[str, Any]
 ) -> WebhookDelivery | None:
-    """Log one event for delivery when the job has a callback URL (None otherwise)."""
-    url = callback_url(storage, job_id)
-    if not url:
+    """Log one event for delivery when the job has a callback URL (None otherwise), in a
+    transaction of its own that holds the job's row (as a status change does)."""
+    if not callback_url(storage, job_id):
         return None
     for attempt in range(10):
         try:
             with session(db_settings(storage), write=True) as s:
-                # Numbered in the transaction that inserts it: the number is the order
-                # receivers get the events in (a second writer at once retries on the key).
-                n = (
-                    s.scalar(
-                        select(func.max(WebhookDeliveryRow.seq)).where(
-                            WebhookDeliveryRow.job_id == job_id
-                        )
-                    )
-                    or 0
-                ) + 1
-                now = datetime.now(UTC)
-                event = WebhookEvent(
-                    id=f"{job_id}.{n}", type=type_, created_at=now, job_id=job_id, data=data
-                )
-                row = WebhookDeliveryRow(
-                    job_id=job_id,
-                    seq=n,
-                    url=url,
-                    event=event.model_dump(mode="json"),
-                    status=DeliveryStatus.pending.value,
-                    attempts=[],
-                    next_attempt_at=None,
-                    created_at=now,
-                )
-                s.add(row)
-                s.flush()
-                return to_delivery(row)
-        except IntegrityError:
+                s.execute(select(JobRow.id).where(JobRow.id == job_id).with_for_update())
+                url = _callback_url(s, job_id)
+                if not url:
+                    return None
+                return to_delivery(_insert(s, job_id, type_, data, url))
+        except IntegrityError:  # a writer that did not take the job's row (an older version)
             if attempt == 9:
                 raise
     return None
+
+
+def _insert(
+    s, job_id: str, type_: WebhookEventType, data: dict[str, Any], url: str
+) -> WebhookDeliveryRow:
+    # Numbered in the transaction that inserts it: the number is the order receivers get the
+    # events in.
+    n = (
+        s.scalar(
+            select(func.max(WebhookDeliveryRow.seq)).where(WebhookDeliveryRow.job_id == job_id)
+        )
+        or 0
+    ) + 1
+    now = datetime.now(UTC)
+    event = WebhookEvent(id=f"{job_id}.{n}", type=type_, created_at=now, job_id=job_id, data=data)
+    row = WebhookDeliveryRow(
+        job_id=job_id,
+        seq=n,
+        url=url,
+        event=event.model_dump(mode="json"),
+        status=DeliveryStatus.pending.value,
+        attempts=[],
+        next_attempt_at=None,
+        created_at=now,
+    )
+    s.add(row)
+    s.flush()
+    return row
 
 
 def status_data(job: Job) -> dict[str, Any]:
@@ -312,13 +327,26 @@ def status_data(job: Job) -> dict[str, Any]:
     }
 
 
-def status_recorder(storage):
-    """A JobStore listener that logs every status change for delivery."""
+class StatusOutbox:
+    """A JobStore listener that logs every status change for delivery inside the change's own
+    transaction (`in_transaction`, called by JobStore with its session and the job row locked);
+    nothing is left to do once it has committed."""
 
-    def on_status(job: Job) -> None:
-        record_event(storage, job.id, WebhookEventType.job_status, status_data(job))
+    def __init__(self, storage):
+        self.storage = storage
 
-    return on_status
+    def in_transaction(self, s, job: Job) -> None:
+        url = _callback_url(s, job.id)
+        if url:
+            _insert(s, job.id, WebhookEventType.job_status, status_data(job), url)
+
+    def __call__(self, job: Job) -> None:
+        pass
+
+
+def status_recorder(storage) -> StatusOutbox:
+    """The JobStore listener that logs every status change for delivery (an outbox)."""
+    return StatusOutbox(storage)
 
 
 def record_export(storage, job_id: str, export_id: str) -> None:
