@@ -134,6 +134,8 @@ if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
   emit "{\"stage\": \"wheels\", \"ok\": $([ $rc -eq 0 ] && echo true || echo false), \"rc\": $rc, \"wheels\": $n, \"site\": \"$SITE\", \"seconds\": $(($(date +%s) - t0)), \"limit_s\": 15}"
   keep_log wheels "$TMP/wheels.log" "$([ $rc -eq 0 ] && echo true || echo false)"
   [ $rc -eq 0 ] || status=1
+elif "$PY" -c "import fastapi, celery, pydantic_settings, sqlalchemy, alembic" 2>/dev/null; then
+  emit "{\"stage\": \"wheels\", \"ok\": true, \"skipped\": \"no wheels in $WHEELS; the service's packages import already\"}"
 else
   emit "{\"stage\": \"wheels\", \"ok\": false, \"error\": \"no wheels in $WHEELS (scripts/gpu_wheels.sh, then carry it)\"}"
   status=1
