@@ -188,6 +188,14 @@ class NerfConfig(TrainingImages):
     aabb_scale: int | None = Field(
         None, description="override the dataset's box half size (1, 2, 4, ... 128)"
     )
+    near_distance: float = Field(
+        0.0,
+        ge=0,
+        le=10.0,
+        description="camera rays start this far from the camera (normalised units, the subject "
+        "box is [-1, 1]^3), in training and every render: no density can grow right in front "
+        "of one training camera to explain its photo alone",
+    )
 
     # Backgrounds: random while training (RGBA data), fixed for evaluation and rendering.
     train_background: Literal["random", "white", "black"] = "random"

@@ -67,6 +67,7 @@ def score(trainer, data, idx, save=None):
             max_samples=trainer.config.max_samples_per_ray,
             max_step=trainer.max_step,
             alpha_threshold=trainer.config.alpha_threshold,
+            near=trainer.config.near_distance,
         )
         pred = rgb.clamp(0, 1).reshape(f.h, f.w, 3).numpy()
         gt = ground_truth(data, i, trainer.eval_background)

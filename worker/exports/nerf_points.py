@@ -35,6 +35,7 @@ def nerf_point_cloud(model, dataset, n_points: int):
         max_samples=model.config.max_samples_per_ray,
         alpha_threshold=model.config.alpha_threshold,
         max_step=model.max_step,
+        near=model.config.near_distance,
     )
     hit = (alpha >= MIN_OPACITY) & (depth > 0)
     if not bool(hit.any()):

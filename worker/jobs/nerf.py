@@ -94,6 +94,7 @@ def _march(field, grid, config: NerfConfig, step_size, o, d, background, max_ste
         max_samples=config.max_samples_per_ray,
         max_step=max_step,
         alpha_threshold=config.alpha_threshold,
+        near=config.near_distance,
     )
 
 

@@ -89,6 +89,7 @@ def march_visible(
     max_samples: int = 1024,
     stratified: bool = False,
     alpha_threshold: float = 0.0,
+    near: float = 0.0,
 ):
     """The samples a ray still sees, marched in rounds until each ray is opaque or leaves the box.
 
@@ -101,6 +102,7 @@ def march_visible(
         step, cone_angle, max_step, max_samples, stratified: as `march_rays` (max_samples over
             all rounds).
         alpha_threshold: also drop samples with alpha below this.
+        near: where every ray starts (camera rays: the near plane's distance).
 
     Returns:
         (ray_indices (S,) int64, t_starts (S,), t_ends (S,), features (S, n_features) without
@@ -110,7 +112,7 @@ def march_visible(
     dev = rays_o.device
     tau_max = -torch.log(torch.tensor(EARLY_STOP_T, dtype=torch.float64)).item()
     alive = torch.arange(n, device=dev)
-    near = torch.zeros(n, device=dev)
+    near = torch.full((n,), float(near), device=dev)
     tau_total = torch.zeros(n, dtype=torch.float64, device=dev)
     # Each round's kept samples (sorted by ray): ray, t0, t1, the round's features, kept indices.
     parts: list[tuple[torch.Tensor, ...]] = []
@@ -209,11 +211,13 @@ def render_rays(
     stratified: bool = False,
     alpha_threshold: float = 0.0,
     with_samples: bool = False,
+    near: float = 0.0,
 ):
     """(rgb (N, 3), depth (N,) along the unit ray (0 where empty), opacity (N,), RenderStats),
     and with `with_samples` a fifth item: the kept samples as `Samples` (densities with their
     gradient, for regularisers over the samples such as `worker.nerf.losses.distortion`).
 
+    `near`: where the rays start (camera rays: the near plane's distance from the camera).
     Differentiable w.r.t. the field when called with grad enabled.
     """
     n = rays_o.shape[0]
@@ -228,6 +232,7 @@ def render_rays(
         max_samples=max_samples,
         stratified=stratified,
         alpha_threshold=alpha_threshold,
+        near=near,
     )
     if ri.numel():
         t_mid = (0.5 * (t0 + t1))[:, None]
@@ -262,6 +267,7 @@ def render_image(
     chunk: int = 8192,
     max_step: float = 1e10,
     alpha_threshold: float = 0.0,
+    near: float = 0.0,
 ):
     """Chunked inference: rgb (N, 3), depth (N,) (expected distance of the visible surface, 0 = none),
     opacity (N,), stats. Memory is bounded by the chunk, whatever the image size."""
@@ -281,6 +287,7 @@ def render_image(
             max_step=max_step,
             max_samples=max_samples,
             alpha_threshold=alpha_threshold,
+            near=near,
         )
         rgbs.append(c)
         depths.append(torch.where(a > 1e-6, d / a.clamp_min(1e-6), torch.zeros_like(d)))

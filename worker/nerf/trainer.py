@@ -285,6 +285,7 @@ class NerfTrainer:
             stratified=True,
             alpha_threshold=self.config.alpha_threshold,
             with_samples=True,
+            near=self.config.near_distance,
         )
         if self.appearance is not None:  # each ray's photo's exposure / white balance
             a = self.appearance.index_select(0, self.data.image_of(drawn).to(self.device))
