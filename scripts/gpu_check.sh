@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check, sized for the lent machine (one H100 or H200, Python 3.12 with torch cu130, nvcc,
 # compute-sanitizer and pytest, no package index, none of the service's packages): its stage
-# limits add up to 355 s (wheels 15, preflight 15, build 105, parity 25, train 75, side_stream
+# limits add up to 355 s (wheel install 15, preflight 15, build 105, parity 25, train 75, side_stream
 # 20, memcheck 60, racecheck 20, bench 20), builds included, so one run ends within 6 minutes and
 # a second one fits the same 15-minute lease.
 #   scripts/gpu_check.sh                 # from the repository root, the wheel set in .whl/
@@ -10,10 +10,10 @@
 # Stages, each printing one JSON line on stdout as it ends (and appending it to
 # $OUT/gpu_check.jsonl when OUT is set; every stage's output goes to $OUT/gpu_check.log, the tail
 # of a failed one to stderr), so a run cut short still says what it reached:
-#   wheels      the wheel set (scripts/gpu_wheels.sh, carried as .whl/) installed offline into
-#               /tmp/site, which only the training stage puts on PYTHONPATH
-#   preflight   scripts/gpu_preflight.py: Python, torch, CUDA, the GPU, Python.h, cuda_runtime.h,
-#               nvcc, compute-sanitizer, ninja, c++, pytest, the wheel set's imports
+#   preflight   the wheel set (scripts/gpu_wheels.sh, carried as .whl/) installed offline into
+#               /tmp/site, which only the training stage puts on PYTHONPATH, then
+#               scripts/gpu_preflight.py: Python, torch, CUDA, the GPU, Python.h, cuda_runtime.h,
+#               nvcc, compute-sanitizer, ninja, c++, pytest, the wheel set's install and imports
 #   build       both extensions' CPU and CUDA libraries for this GPU's architecture alone (sm_90
 #               on an H100/H200), built by three processes at once, then `kernels.build
 #               --require-cuda` loads them and smoke-tests every op (CUDA_LAUNCH_BLOCKING=1)
@@ -121,31 +121,25 @@ run_stage() {
   case "$line" in *'"ok": true'*) keep_log "$name" "$log" true ;; *) status=1; keep_log "$name" "$log" false ;; esac
 }
 
-# ---------------------------------------------------------------------------------- wheels
-# Offline, --no-deps, into a folder of its own: the machine's packages stay as they are, and the
-# kernel stages (PYTHONPATH without it) prove they need none of these.
+# ---------------------------------------------------------------------------------- preflight
+# First the wheel set, offline, --no-deps, into a folder of its own: the machine's packages stay
+# as they are, and the kernel stages (PYTHONPATH without it) prove they need none of these. Its
+# result is part of the preflight line, the run's first.
 t0=$(date +%s)
+WHEELS_RC=-1
 if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
   rm -rf "$SITE"
   timeout -k 5 15 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --disable-pip-version-check --target "$SITE" "$WHEELS"/*.whl >"$TMP/wheels.log" 2>&1
-  rc=$?
-  n=$(ls "$WHEELS"/*.whl | wc -l)
-  emit "{\"stage\": \"wheels\", \"ok\": $([ $rc -eq 0 ] && echo true || echo false), \"rc\": $rc, \"wheels\": $n, \"site\": \"$SITE\", \"seconds\": $(($(date +%s) - t0)), \"limit_s\": 15}"
-  keep_log wheels "$TMP/wheels.log" "$([ $rc -eq 0 ] && echo true || echo false)"
-  [ $rc -eq 0 ] || status=1
-elif "$PY" -c "import fastapi, celery, pydantic_settings, sqlalchemy, alembic" 2>/dev/null; then
-  emit "{\"stage\": \"wheels\", \"ok\": true, \"skipped\": \"no wheels in $WHEELS; the service's packages import already\"}"
-else
-  emit "{\"stage\": \"wheels\", \"ok\": false, \"error\": \"no wheels in $WHEELS (scripts/gpu_wheels.sh, then carry it)\"}"
-  status=1
+  WHEELS_RC=$?
+  keep_log wheels "$TMP/wheels.log" "$([ $WHEELS_RC -eq 0 ] && echo true || echo false)"
 fi
+WHEELS_S=$(($(date +%s) - t0))
 TRAIN_PYTHONPATH="$SITE${BASE_PYTHONPATH:+:$BASE_PYTHONPATH}"
-
-# ---------------------------------------------------------------------------------- preflight
 REH_FLAG=()
 [ $REHEARSAL -eq 1 ] && REH_FLAG=(--rehearsal)
-pre=$(timeout -k 5 15 "$PY" scripts/gpu_preflight.py "${REH_FLAG[@]}" --site "$SITE" --wheels "$WHEELS" 2>"$TMP/preflight.log")
+pre=$(timeout -k 5 15 "$PY" scripts/gpu_preflight.py "${REH_FLAG[@]}" --site "$SITE" --wheels "$WHEELS" \
+  --install-rc "$WHEELS_RC" --install-s "$WHEELS_S" 2>"$TMP/preflight.log")
 rc=$?
 if [ -z "$pre" ]; then
   pre="{\"stage\": \"preflight\", \"ok\": false, \"rc\": $rc, \"error\": \"python '$PY' printed nothing (see the log)\"}"

@@ -7,7 +7,8 @@ Python.h (the extension build includes it), $CUDA_HOME/include/cuda_runtime.h, n
 compute-sanitizer (and which kernel-filter option it takes), ninja, the C++ compiler, pytest,
 and the wheel set installed into --site: whether the training stage's packages import from it,
 and which of their declared requirements this machine's packages do not meet. `problems` names
-what stops a stage; `ok` is true when there is none. --rehearsal (a CPU machine rehearsing the
+what stops a stage; `ok` is true when there is none. scripts/gpu_check.sh installs the wheel set
+just before and passes pip's exit status and time (--install-rc, --install-s). --rehearsal (a CPU machine rehearsing the
 install) does not count a missing GPU, CUDA torch, CUDA toolkit or sanitizer as a problem.
 Imports torch and, from --site, the service's packages; nothing of this repository.
 """
@@ -131,6 +132,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rehearsal", action="store_true", help="no GPU expected (a CPU machine)")
     ap.add_argument("--site", default="/tmp/site", help="where the wheel set was installed")
     ap.add_argument("--wheels", default=".whl", help="the wheel set's folder")
+    ap.add_argument(
+        "--install-rc", type=int, default=-1, help="pip's exit status installing it (-1: no set)"
+    )
+    ap.add_argument("--install-s", type=float, default=0, help="seconds the install took")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     d: dict = {"stage": "preflight", "mode": "rehearsal" if args.rehearsal else "gpu"}
@@ -203,6 +208,12 @@ def main(argv=None) -> int:
         d["pytest"] = None
         problems.append("pytest does not import: the kernel stages need it")
     d.update(wheel_facts(Path(args.site), Path(args.wheels)))
+    d["wheels_install_rc"] = args.install_rc
+    d["wheels_install_s"] = args.install_s
+    if args.install_rc > 0:
+        problems.append(
+            f"the wheel set did not install offline (pip exit status {args.install_rc})"
+        )
     if not d["service_packages"]:
         problems.append(
             "the training stage's packages do not import (carry the wheel set: scripts/gpu_wheels.sh)"

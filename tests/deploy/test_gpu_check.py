@@ -30,7 +30,6 @@ CAP_MIB = 25
 HERE = f"{sys.version_info.major}.{sys.version_info.minor}"
 # The stages of a rehearsal, in order (gpu_train_check's own lines inside `train`'s).
 REHEARSAL_STAGES = [
-    "wheels",
     "preflight",
     "build",
     "collect",
@@ -179,6 +178,7 @@ def test_gpu_check_rehearsal_runs_every_stage_that_needs_no_gpu(
     pre = next(d for d in stages if d["stage"] == "preflight")
     assert pre["mode"] == "rehearsal" and pre["python_h_found"] and pre["service_packages"]
     assert pre["requirements_unmet"] == [] and pre["problems"] == []
+    assert pre["wheels_install_rc"] == 0 and pre["site_installed"]
     by = {d["stage"]: d for d in stages}
     assert by["collect"]["collected"] > 100 and by["parity"]["tests"] > 10
     assert by["nerf_train"]["status"] == by["splat_train"]["status"] == "succeeded"
