@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from core import webhooks
 from core.settings import Settings
-from core.storage import JobPaths, LocalStorage
+from core.storage import JobPaths, Storage
 from service.auth import ApiKey
 from service.intake import IntakeError
 
 
 def admit_callback(
-    url: str, key: ApiKey, paths: JobPaths, storage: LocalStorage, settings: Settings
+    url: str, key: ApiKey, paths: JobPaths, storage: Storage, settings: Settings
 ) -> None:
     """Check a submission's `callback_url` and keep it with the job; IntakeError when refused."""
     try:

@@ -1,6 +1,11 @@
-"""FastAPI dependencies. Everything hangs off app.state so tests can build apps with other settings."""
+"""FastAPI dependencies. Everything hangs off app.state so tests can build apps with other settings.
+
+Routes take them through the `Annotated` aliases at the end (`store: StoreDep`), declared once
+here, as full-stack-fastapi-template's `SessionDep`."""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
@@ -84,3 +89,11 @@ async def current_key(key: ApiKey = Depends(require_key)) -> ApiKey:
 GUARDS = [Depends(require_key)]
 OWNER = [Depends(require_job_owner)]
 JOB_GUARDS = [*GUARDS, *OWNER]
+
+
+# -- what routes declare -----------------------------------------------------------------------
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+StorageDep = Annotated[Storage, Depends(get_storage)]
+StoreDep = Annotated[JobStore, Depends(get_store)]
+QueueDep = Annotated[TaskQueue, Depends(get_queue)]
+KeyDep = Annotated[ApiKey, Depends(current_key)]

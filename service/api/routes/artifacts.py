@@ -15,12 +15,11 @@ import re
 import struct
 from collections.abc import Iterator
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, HTTPException
 from fastapi.responses import FileResponse, RedirectResponse, StreamingResponse
 
 from core.storage import ObjectInfo, Storage, stored_checkpoints
-from core.store import JobStore
-from service.api.deps import JOB_GUARDS, get_storage, get_store, load_job
+from service.api.deps import JOB_GUARDS, StorageDep, StoreDep, load_job
 
 router = APIRouter(prefix="/v1/jobs", tags=["files"], dependencies=JOB_GUARDS)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -40,9 +39,7 @@ def _artifact_objects(storage: Storage, job_id: str) -> list[ObjectInfo]:
 
 
 @router.get("/{job_id}/artifacts", summary="List the job's artifacts (test renders, animations)")
-def list_artifacts(
-    job_id: str, store: JobStore = Depends(get_store), storage: Storage = Depends(get_storage)
-):
+def list_artifacts(job_id: str, store: StoreDep, storage: StorageDep):
     job = load_job(store, job_id)
     items = []
     for o in _artifact_objects(storage, job.id):
@@ -60,8 +57,8 @@ def list_artifacts(
 def get_artifact(
     job_id: str,
     name: str,
-    store: JobStore = Depends(get_store),
-    storage: Storage = Depends(get_storage),
+    store: StoreDep,
+    storage: StorageDep,
 ):
     job = load_job(store, job_id)
     if not NAME_RE.match(name) or ".." in name:
@@ -137,9 +134,7 @@ def _with_metadata(tensors, meta_text: str, size: int) -> tuple[bytes, int]:
         404: {"description": "no checkpoint yet"},
     },
 )
-def get_checkpoint(
-    job_id: str, store: JobStore = Depends(get_store), storage: Storage = Depends(get_storage)
-):
+def get_checkpoint(job_id: str, store: StoreDep, storage: StorageDep):
     job = load_job(store, job_id)
     opened = None
     # A torn or truncated file (crash mid-write, full disk) is skipped for the previous step, as

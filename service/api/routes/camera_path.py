@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 import math
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, HTTPException
 
 from core.scene_format import CAMERAS_FILE
-from core.storage import Storage
-from core.store import JobStore
-from service.api.deps import JOB_GUARDS, get_storage, get_store, load_job
+from service.api.deps import JOB_GUARDS, StorageDep, StoreDep, load_job
 
 router = APIRouter(prefix="/v1/jobs", tags=["render"], dependencies=JOB_GUARDS)
 FPS = 24
@@ -34,9 +32,9 @@ def _world_c2w(c2w: list[list[float]], normalization: dict) -> list[float]:
 )
 def training_camera_path(
     job_id: str,
+    store: StoreDep,
+    storage: StorageDep,
     split: str = "train",
-    store: JobStore = Depends(get_store),
-    storage: Storage = Depends(get_storage),
 ) -> dict:
     job = load_job(store, job_id)
     try:

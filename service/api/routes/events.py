@@ -20,14 +20,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
+from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from api_schemas.jobs import JobStatus
 from core.db.notify import EventWaker
 from core.store import JobStore
-from service.api.deps import JOB_GUARDS, get_store, job_id_param
+from service.api.deps import JOB_GUARDS, StoreDep, job_id_param
 from service.auth import ApiKey
 from service.ratelimit import STREAM_LEASE_S, StreamSlots
 
@@ -120,7 +120,7 @@ def _parse_last_event_id(raw: str | None) -> int | None:
 async def stream_job_events(
     request: Request,
     job_id: str,
-    store: JobStore = Depends(get_store),
+    store: StoreDep,
     last_event_id_header: str | None = Header(None, alias="Last-Event-ID"),
     last_event_id: str | None = Query(
         None, description="same as the Last-Event-ID header (for clients that cannot set headers)"

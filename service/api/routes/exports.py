@@ -18,17 +18,8 @@ from api_schemas.exports import (
 from api_schemas.jobs import JobKind, JobStatus
 from core.exports import ExportNotFound, ExportStore
 from core.settings import Settings
-from core.store import JobStore
-from service.api.deps import (
-    JOB_GUARDS,
-    get_queue,
-    get_settings_dep,
-    get_storage,
-    get_store,
-    load_job,
-)
+from service.api.deps import JOB_GUARDS, QueueDep, SettingsDep, StoreDep, get_storage, load_job
 from service.api.routes.render import rate_limited
-from service.queue import TaskQueue
 
 router = APIRouter(prefix="/v1/jobs", tags=["exports"], dependencies=JOB_GUARDS)
 
@@ -75,9 +66,9 @@ def create_export(
     req: ExportRequest,
     request: Request,
     response: Response,
-    store: JobStore = Depends(get_store),
-    settings: Settings = Depends(get_settings_dep),
-    queue: TaskQueue = Depends(get_queue),
+    store: StoreDep,
+    settings: SettingsDep,
+    queue: QueueDep,
 ) -> Export:
     job = load_job(store, job_id)
     formats = FORMATS_BY_KIND.get(job.kind, ())
@@ -108,15 +99,13 @@ def create_export(
 
 
 @router.get("/{job_id}/exports", response_model=ExportList, summary="The job's exports")
-def list_exports(job_id: str, request: Request, store: JobStore = Depends(get_store)) -> ExportList:
+def list_exports(job_id: str, request: Request, store: StoreDep) -> ExportList:
     job = load_job(store, job_id)
     return ExportList(items=_exports(request).list(job.id))
 
 
 @router.get("/{job_id}/exports/{export_id}", response_model=Export, summary="One export's state")
-def get_export(
-    job_id: str, export_id: str, request: Request, store: JobStore = Depends(get_store)
-) -> Export:
+def get_export(job_id: str, export_id: str, request: Request, store: StoreDep) -> Export:
     job = load_job(store, job_id)
     try:
         return _exports(request).get(job.id, export_id)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import threading
 import time
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from core.storage import Storage
-from service.api.deps import get_queue, get_storage
+from service.api.deps import QueueDep, StorageDep
 from service.intake.registry import available_kinds
 from service.queue import TaskQueue
 
@@ -42,8 +42,8 @@ def _checks(app, storage: Storage, queue: TaskQueue) -> dict[str, bool]:
 )
 def readyz(
     request: Request,
-    storage: Storage = Depends(get_storage),
-    queue: TaskQueue = Depends(get_queue),
+    storage: StorageDep,
+    queue: QueueDep,
 ):
     checks = _checks(request.app, storage, queue)
     ok = all(checks.values())

@@ -5,31 +5,27 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
 from api_schemas.jobs import Job, JobKind, JobList, JobStatus
 from core.metrics import quota_refused
-from core.settings import Settings
-from core.storage import Storage
-from core.store import BadCursor, JobNotFound, JobStore, encode_cursor
+from core.store import BadCursor, JobNotFound, encode_cursor
 from service.api.deps import (
     GUARDS,
     OWNER,
-    current_key,
-    get_queue,
-    get_settings_dep,
-    get_storage,
-    get_store,
+    KeyDep,
+    QueueDep,
+    SettingsDep,
+    StorageDep,
+    StoreDep,
     job_id_param,
     load_job,
 )
 from service.api.job_intake import check_budget, discard, finish_intake, parse_config, safe_name
 from service.api.multipart import boundary_of, read_form
-from service.auth import ApiKey
 from service.intake import IntakeError
 from service.intake.registry import KINDS, available_kinds, get_kind
-from service.queue import TaskQueue
 from service.quotas import QuotaExceeded
 from service.webhooks import admit_callback
 
@@ -91,11 +87,11 @@ UPLOAD_BODY = {
 )
 async def create_job(
     request: Request,
-    settings: Settings = Depends(get_settings_dep),
-    storage: Storage = Depends(get_storage),
-    store: JobStore = Depends(get_store),
-    queue: TaskQueue = Depends(get_queue),
-    key: ApiKey = Depends(current_key),
+    settings: SettingsDep,
+    storage: StorageDep,
+    store: StoreDep,
+    queue: QueueDep,
+    key: KeyDep,
 ) -> Job:
     try:
         boundary_of(request)
@@ -162,6 +158,8 @@ async def create_job(
 
 @router.get("", response_model=JobList, summary="List jobs, newest first")
 def list_jobs(
+    store: StoreDep,
+    key: KeyDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, description="skip this many (use `cursor` instead)")] = 0,
     cursor: Annotated[
@@ -170,8 +168,6 @@ def list_jobs(
     ] = None,
     status: JobStatus | None = None,
     kind: JobKind | None = None,
-    store: JobStore = Depends(get_store),
-    key: ApiKey = Depends(current_key),
 ) -> JobList:
     # The key's own jobs through the (owner, created_at, id) index: other keys' are never read.
     cursor = cursor or None  # `?cursor=` (empty): the first page
@@ -203,7 +199,7 @@ def list_jobs(
     summary="Job status, progress and metrics",
     dependencies=OWNER,
 )
-def get_job(job_id: str, store: JobStore = Depends(get_store)) -> Job:
+def get_job(job_id: str, store: StoreDep) -> Job:
     return load_job(store, job_id)
 
 
@@ -216,9 +212,9 @@ def get_job(job_id: str, store: JobStore = Depends(get_store)) -> Job:
 )
 def cancel_job(
     job_id: str,
-    store: JobStore = Depends(get_store),
-    storage: Storage = Depends(get_storage),
-    queue: TaskQueue = Depends(get_queue),
+    store: StoreDep,
+    storage: StorageDep,
+    queue: QueueDep,
 ) -> Job:
     job = load_job(store, job_id)
     if job.status.terminal:
@@ -241,9 +237,7 @@ def cancel_job(
     summary="Delete a finished job and its files",
     responses={409: {"description": "the job is still queued or running"}},
 )
-def delete_job(
-    job_id: str, store: JobStore = Depends(get_store), storage: Storage = Depends(get_storage)
-):
+def delete_job(job_id: str, store: StoreDep, storage: StorageDep):
     job = load_job(store, job_id)
     if not job.status.terminal:
         raise HTTPException(409, f"job is {job.status.value}; cancel it first")

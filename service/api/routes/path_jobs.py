@@ -3,13 +3,11 @@ they render, and where their file lands (an artifact of the job)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, HTTPException
 
 from api_schemas.render import PathJob
 from core import path_jobs
-from core.storage import LocalStorage
-from core.store import JobStore
-from service.api.deps import JOB_GUARDS, get_storage, get_store, load_job
+from service.api.deps import JOB_GUARDS, StorageDep, StoreDep, load_job
 
 router = APIRouter(prefix="/v1/jobs", tags=["render"], dependencies=JOB_GUARDS)
 
@@ -33,8 +31,8 @@ def path_job_view(state: dict) -> PathJob:
 def get_path_job(
     job_id: str,
     render_id: str,
-    store: JobStore = Depends(get_store),
-    storage: LocalStorage = Depends(get_storage),
+    store: StoreDep,
+    storage: StorageDep,
 ) -> PathJob:
     job = load_job(store, job_id)
     try:

@@ -9,22 +9,22 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
 from api_schemas.jobs import Job, JobStatus
 from api_schemas.render import PathJob, PathRequest, RenderJob, RenderRequest
 from core import path_jobs
 from core.settings import Settings
-from core.storage import CHECKPOINT_RE, LATEST_NAME, LocalStorage, Storage
+from core.storage import CHECKPOINT_RE, LATEST_NAME, Storage
 from core.store import JobStore
 from service.api.deps import (
     JOB_GUARDS,
-    current_key,
-    get_queue,
-    get_settings_dep,
-    get_storage,
-    get_store,
+    KeyDep,
+    QueueDep,
+    SettingsDep,
+    StorageDep,
+    StoreDep,
     load_job,
 )
 from service.api.routes.path_jobs import path_job_view
@@ -73,7 +73,7 @@ async def charge_pixels(request: Request, key: ApiKey, pixels: int) -> None:
         )
 
 
-async def rate_limited(request: Request, key: ApiKey = Depends(current_key)) -> None:
+async def rate_limited(request: Request, key: KeyDep) -> None:
     """For other worker-side calls on a trained job (exports): each costs one frame of
     MAX_RENDER_PIXELS from the same pixel bucket."""
     await charge_pixels(request, key, request.app.state.settings.max_render_pixels)
@@ -157,11 +157,11 @@ async def render(
     request: Request,
     job_id: str,
     req: RenderRequest,
-    store: JobStore = Depends(get_store),
-    storage: LocalStorage = Depends(get_storage),
-    settings: Settings = Depends(get_settings_dep),
-    queue: TaskQueue = Depends(get_queue),
-    key: ApiKey = Depends(current_key),
+    store: StoreDep,
+    storage: StorageDep,
+    settings: SettingsDep,
+    queue: QueueDep,
+    key: KeyDep,
 ) -> Response:
     _caps(settings, req.width, req.height)
     # Charged before the status check: a render of an unfinished job costs like any other.
@@ -208,11 +208,11 @@ async def render_path(
     request: Request,
     job_id: str,
     req: PathRequest,
-    store: JobStore = Depends(get_store),
-    storage: LocalStorage = Depends(get_storage),
-    settings: Settings = Depends(get_settings_dep),
-    queue: TaskQueue = Depends(get_queue),
-    key: ApiKey = Depends(current_key),
+    store: StoreDep,
+    storage: StorageDep,
+    settings: SettingsDep,
+    queue: QueueDep,
+    key: KeyDep,
 ) -> Response:
     _caps(settings, req.width, req.height, req.frames)
     await charge_pixels(request, key, req.frames * req.width * req.height)

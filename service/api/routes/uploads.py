@@ -23,7 +23,7 @@ import logging
 import math
 import threading
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from api_schemas.jobs import Job
@@ -35,11 +35,11 @@ from core.store import JobStore, ReservationGone
 from service.api.deps import (
     GUARDS,
     OWNER,
-    current_key,
-    get_queue,
-    get_settings_dep,
-    get_storage,
-    get_store,
+    KeyDep,
+    QueueDep,
+    SettingsDep,
+    StorageDep,
+    StoreDep,
     job_id_param,
 )
 from service.api.job_intake import (
@@ -89,10 +89,10 @@ def _no_upload(job_id: str) -> HTTPException:
 async def start_upload(
     req: UploadRequest,
     request: Request,
-    settings: Settings = Depends(get_settings_dep),
-    storage: Storage = Depends(get_storage),
-    store: JobStore = Depends(get_store),
-    key: ApiKey = Depends(current_key),
+    settings: SettingsDep,
+    storage: StorageDep,
+    store: StoreDep,
+    key: KeyDep,
 ) -> Upload:
     if not storage.direct_uploads:
         raise HTTPException(
@@ -230,11 +230,11 @@ class _Incomplete(Exception):
 async def complete_upload(
     job_id: str,
     request: Request,
-    settings: Settings = Depends(get_settings_dep),
-    storage: Storage = Depends(get_storage),
-    store: JobStore = Depends(get_store),
-    queue: TaskQueue = Depends(get_queue),
-    key: ApiKey = Depends(current_key),
+    settings: SettingsDep,
+    storage: StorageDep,
+    store: StoreDep,
+    queue: QueueDep,
+    key: KeyDep,
 ) -> Job:
     job_id = job_id_param(job_id)
     with _completing_lock:
@@ -292,9 +292,7 @@ async def _complete_once(
     summary="Cancel a direct upload (its parts are dropped, the reservation freed)",
     responses={404: {"description": "no such upload in progress"}},
 )
-def cancel_upload(
-    job_id: str, storage: Storage = Depends(get_storage), store: JobStore = Depends(get_store)
-) -> Response:
+def cancel_upload(job_id: str, storage: StorageDep, store: StoreDep) -> Response:
     job_id = job_id_param(job_id)
     _state(storage, job_id)
     discard(store, storage, job_id)

@@ -3,24 +3,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, HTTPException
 from fastapi.concurrency import run_in_threadpool
 
 from api_schemas.webhooks import KeyWebhook, KeyWebhookUpdate, WebhookDeliveryList
 from core import webhooks
-from core.settings import Settings
-from core.storage import LocalStorage
-from core.store import JobStore
-from service.api.deps import (
-    GUARDS,
-    OWNER,
-    current_key,
-    get_settings_dep,
-    get_storage,
-    get_store,
-    load_job,
-)
-from service.auth import ApiKey
+from service.api.deps import GUARDS, OWNER, KeyDep, SettingsDep, StorageDep, StoreDep, load_job
 
 router = APIRouter(tags=["webhooks"], dependencies=GUARDS)
 
@@ -31,17 +19,13 @@ router = APIRouter(tags=["webhooks"], dependencies=GUARDS)
     response_model=WebhookDeliveryList,
     summary="The job's webhook deliveries, in event order, with every attempt",
 )
-def job_webhooks(
-    job_id: str, store: JobStore = Depends(get_store), storage: LocalStorage = Depends(get_storage)
-) -> WebhookDeliveryList:
+def job_webhooks(job_id: str, store: StoreDep, storage: StorageDep) -> WebhookDeliveryList:
     job = load_job(store, job_id)
     return WebhookDeliveryList(items=webhooks.deliveries(job.id, storage))
 
 
 @router.get("/v1/webhook", response_model=KeyWebhook, summary="This key's webhook settings")
-def get_key_webhook(
-    key: ApiKey = Depends(current_key), storage: LocalStorage = Depends(get_storage)
-) -> KeyWebhook:
+def get_key_webhook(key: KeyDep, storage: StorageDep) -> KeyWebhook:
     cfg = webhooks.key_settings(storage, key.id)
     return KeyWebhook(url=cfg["url"], has_secret=bool(cfg["secret"]))
 
@@ -54,9 +38,9 @@ def get_key_webhook(
 )
 async def put_key_webhook(
     body: KeyWebhookUpdate,
-    key: ApiKey = Depends(current_key),
-    storage: LocalStorage = Depends(get_storage),
-    settings: Settings = Depends(get_settings_dep),
+    key: KeyDep,
+    storage: StorageDep,
+    settings: SettingsDep,
 ) -> KeyWebhook:
     url = body.url.strip() if body.url else None
     if url:
@@ -75,9 +59,7 @@ async def put_key_webhook(
     response_model=KeyWebhook,
     summary="Create or replace this key's webhook signing secret (shown only in this answer)",
 )
-def rotate_secret(
-    key: ApiKey = Depends(current_key), storage: LocalStorage = Depends(get_storage)
-) -> KeyWebhook:
+def rotate_secret(key: KeyDep, storage: StorageDep) -> KeyWebhook:
     cfg = webhooks.key_settings(storage, key.id)
     secret = webhooks.new_secret()
     webhooks.save_key_settings(storage, key.id, cfg["url"], secret)
