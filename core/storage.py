@@ -1,6 +1,6 @@
-"""Where job files live: the `Storage` interface, `LocalStorage` (a directory, the default) and
-`get_storage`, which picks the backend STORAGE_URL names (S3: core/s3_storage.py). Also the
-checkpoint file layout and the atomic-write helpers both sides use."""
+"""Where job files live: the `Storage` interface and `LocalStorage` (a directory, the default);
+S3 is core/s3_storage.py, and core/storage_factory.py's `get_storage` picks the backend
+STORAGE_URL names. Also the checkpoint file layout and the atomic-write helpers both sides use."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import unquote, urlparse
 
 
 def parse_job_id(job_id: str) -> str:
@@ -448,20 +447,14 @@ class LocalStorage(Storage):
             return None
 
 
-def get_storage(settings) -> Storage:
-    """The backend STORAGE_URL names: unset -> LocalStorage under DATA_DIR, `file:///root` ->
-    LocalStorage under root, `s3://bucket/prefix` -> S3Storage (one per process and URL)."""
-    url = settings.storage_url
-    if not url:
-        return LocalStorage(settings.data_dir)
-    parsed = urlparse(url)
-    if parsed.scheme == "file":
-        return LocalStorage(settings.data_dir, Path(unquote(parsed.path)))
-    if parsed.scheme == "s3":
-        from core.s3_storage import s3_storage
+def __getattr__(name: str):
+    # `from core.storage import get_storage` of callers written before the factory moved to
+    # core/storage_factory.py (worker/tasks.py); new code imports it from there.
+    if name == "get_storage":
+        from core.storage_factory import get_storage
 
-        return s3_storage(settings)
-    raise ValueError(f"STORAGE_URL {url!r}: use file:///path or s3://bucket/prefix")
+        return get_storage
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # An absolute path in an exception's text (FileNotFoundError and the like) shows clients the

@@ -16,7 +16,7 @@ from core import metrics, webhooks
 from core.db.notify import make_waker
 from core.logs import use_json
 from core.settings import Settings, get_settings
-from core.storage import get_storage
+from core.storage_factory import get_storage
 from core.store import JobStore
 from service.api.deps import require_job_owner, require_key
 from service.api.gate import V1Gate

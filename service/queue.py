@@ -40,7 +40,7 @@ from core.celery_config import (
     send,
 )
 from core.settings import Settings, get_settings
-from core.storage import get_storage
+from core.storage_factory import get_storage
 
 log = logging.getLogger(__name__)
 POLL_S = 0.02

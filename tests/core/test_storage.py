@@ -13,7 +13,8 @@ from boto3.s3.transfer import TransferConfig
 from core import s3_storage
 from core.s3_storage import S3Storage
 from core.settings import Settings
-from core.storage import LocalStorage, Storage, get_storage
+from core.storage import LocalStorage, Storage
+from core.storage_factory import get_storage
 
 
 @pytest.fixture(params=["local", "s3"])
