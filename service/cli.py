@@ -1,6 +1,6 @@
 """`nf` of the server package: the operator's commands, run beside the service with its
 environment (DATABASE_URL or DATA_DIR): `nf db upgrade | current | import [DATA_DIR]`
-(core/db/__main__.py).
+(service/admin/db.py).
 
 The user's commands (submit, wait, render, path, export, download, ...) are the client's, a
 package of its own under clients/python (`pip install ./clients/python`, httpx only): this
@@ -32,7 +32,7 @@ def _client_cli() -> ModuleType:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["db"]:
-        from core.db.__main__ import main as db_main
+        from service.admin.db import main as db_main
 
         return db_main(argv[1:])
     try:

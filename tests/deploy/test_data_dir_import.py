@@ -23,8 +23,8 @@ import pytest
 from api_schemas.exports import Export
 from api_schemas.jobs import Job, Progress
 from api_schemas.webhooks import WebhookDelivery, WebhookEvent
-from core.data_dir_import import job_files
 from core.exports import export_id
+from service.admin.data_dir_import import job_files
 from tests.support.databases import postgres_database
 from tests.support.stack import REPO, TEST_KEY, Stack, free_port
 

@@ -1,5 +1,5 @@
 """Import a DATA_DIR of job folders (the file layout of earlier versions) into the database and
-the storage of this deployment: `nf db import [DATA_DIR]` / `python -m core.db import`.
+the storage of this deployment: `nf db import [DATA_DIR]` (service/admin/db.py).
 
 A job folder `<DATA_DIR>/jobs/<uuid>/` held its state as files: `job.json`, `events.jsonl`,
 `owner` (the owning key's id), `cancel`, `exports/<id>.json`, `renders/<id>.json`, its callback
@@ -37,7 +37,8 @@ from core.db.quotas import JobStorage
 from core.db.renders import RenderRow
 from core.db.secrets import KEY_ID_SECRET_NAME, get_or_make
 from core.db.webhooks import WebhookDeliveryRow, WebhookJob, WebhookKey
-from core.storage import LATEST_NAME, Storage, get_storage, parse_job_id
+from core.storage import LATEST_NAME, Storage, parse_job_id
+from core.storage_factory import get_storage
 
 log = logging.getLogger(__name__)
 
