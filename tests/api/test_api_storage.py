@@ -225,7 +225,7 @@ def test_direct_uploads_need_object_storage(stack_factory):
 
 
 def test_cli_submit_direct_sends_the_parts_to_the_bucket(stack_factory, s3_bucket, tmp_path):
-    from tests.service.test_cli import nf
+    from tests.clients.test_cli import nf
 
     photo = tmp_path / "photo.png"
     photo.write_bytes(png_bytes(24, 24))
