@@ -1,5 +1,5 @@
 """One job of every kind end to end over HTTP on a Celery worker with DEVICE=cuda on the fake
-CUDA device (NF_FAKE_CUDA=1, worker/fake_cuda.py): upload, train, render a view and a path,
+CUDA device (NF_FAKE_CUDA=1, tests/support/fake_cuda.py): upload, train, render a view and a path,
 export. A device mix-up anywhere in the task path fails the job with a FakeCudaError. The worker
 logs each task's host synchronisations (`fake CUDA: nf.train ...`), printed here."""
 

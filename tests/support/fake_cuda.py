@@ -20,8 +20,10 @@ What it cannot see: the autograd engine runs backward passes without torch-funct
 backward code is not audited (its results are: a parameter's `.grad` is marked as it is read);
 and it knows nothing of CUDA kernels themselves (parity and sanitizer runs need a GPU).
 
-Not for production: `NF_FAKE_CUDA=1` (with `DEVICE=cuda`) turns it on in a worker process
-(worker/app.py) so the Celery task path runs in it end to end; tests use `fake_cuda()`.
+Test-only, outside the product packages: a worker the test stack starts with `NF_FAKE_CUDA=1`
+(and `DEVICE=cuda`) in its environment runs the Celery app of tests/support/fake_cuda_app.py,
+which turns it on, so the Celery task path runs in it end to end; in-process tests use
+`fake_cuda()`.
 """
 
 from __future__ import annotations

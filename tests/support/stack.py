@@ -186,6 +186,8 @@ class Stack:
         """A Celery worker on `queues`; `env` overrides the stack's settings for it alone (a
         DATA_DIR of its own: a host that shares no directory with the API)."""
         name = f"worker-{len(self.workers)}"
+        # NF_FAKE_CUDA=1: the worker runs on the fake CUDA device (tests/support/fake_cuda.py).
+        fake = {**self.env, **(env or {})}.get("NF_FAKE_CUDA", "") not in ("", "0")
         proc = self._spawn(
             name,
             [
@@ -193,7 +195,7 @@ class Stack:
                 "-m",
                 "celery",
                 "-A",
-                "worker.app",
+                "tests.support.fake_cuda_app" if fake else "worker.app",
                 "worker",
                 "-Q",
                 queues,

@@ -1,5 +1,5 @@
 """The GPU code path of every trainer, renderer and export, run on the fake CUDA device
-(worker/fake_cuda.py): tensors stay on this CPU but carry the device they would have on a GPU, so
+(tests/support/fake_cuda.py): tensors stay on this CPU but carry the device they would have on a GPU, so
 a CPU tensor meeting a CUDA one fails here as it would on the first GPU run. Each test prints the
 host synchronisations a training step makes on that path (`pytest -m fake_cuda -s`)."""
 
@@ -17,8 +17,8 @@ from api_schemas.nerf import NerfConfig
 from core.settings import Settings
 from experiments.synthetic_scene import scene_files
 from tests.service.test_nerf_intake import to_colmap, zip_bytes
+from tests.support.fake_cuda import FakeCudaError, fake_cuda, is_cuda
 from worker.checkpoints import CheckpointManager
-from worker.fake_cuda import FakeCudaError, fake_cuda, is_cuda
 from worker.scene.dataset import Dataset, read_meta
 
 pytestmark = pytest.mark.fake_cuda
@@ -87,7 +87,7 @@ def one_thread():
 
 
 def report(kind: str, before, steps: int) -> None:
-    from worker.fake_cuda import counts
+    from tests.support.fake_cuda import counts
 
     spent = counts.since(before)
     print(f"\n[fake cuda] {kind} training step: {spent.summary(steps)}")
@@ -185,9 +185,9 @@ def blender():
 
 def test_nerf_trains_resumes_renders_and_exports_on_cuda(tmp_path, blender, monkeypatch):
     from api_schemas.exports import ExportOptions
+    from tests.support.fake_cuda import counts
     from worker.exports.nerf_mesh import mesh_export
     from worker.exports.nerf_points import nerf_point_cloud
-    from worker.fake_cuda import counts
     from worker.jobs.nerf import JOB, NerfModel
     from worker.nerf.trainer import NerfTrainer, samples_per_step
 
@@ -245,8 +245,8 @@ def test_nerf_trains_resumes_renders_and_exports_on_cuda(tmp_path, blender, monk
 
 # -- splat ----------------------------------------------------------------------------------
 def test_splat_trains_densifies_renders_and_exports_on_cuda(tmp_path, blender):
+    from tests.support.fake_cuda import counts
     from worker.exports.splat_files import read_splat, splat_bytes, splat_point_cloud
-    from worker.fake_cuda import counts
     from worker.jobs.splat import JOB
     from worker.splat.ply import ply_bytes, read_ply
     from worker.splat.trainer import SplatTrainer
@@ -312,7 +312,7 @@ def test_training_options_on_cuda(tmp_path, blender, kind, options):
 
 # -- image ----------------------------------------------------------------------------------
 def test_image_trains_and_renders_on_cuda():
-    from worker.fake_cuda import counts
+    from tests.support.fake_cuda import counts
     from worker.jobs.image import _sample, fit
 
     cfg = ImageConfig(steps=20, hidden=32, layers=2, resolution=16).model_dump(mode="json")
