@@ -1,7 +1,8 @@
 """Job configs as their kind's typed model (api_schemas.kinds.CONFIG_MODELS), read from what was
 stored: a job's `config` (its row in the database's jobs table, written by the API of whichever
 release took the job) and the `config` a checkpoint's meta recorded (written by the trainer of
-whichever release trained it). The worker validates a config here once and hands the model on; defaults are the schema's.
+whichever release trained it). The worker validates a config here once and hands the model on;
+defaults are the schema's.
 
 Stored configs outlive the schema they were written with, so both readers drop keys the schema
 no longer has and fill keys it gained with their defaults. A checkpoint's config also keeps
