@@ -54,12 +54,7 @@ def list_artifacts(job_id: str, store: StoreDep, storage: StorageDep):
     response_class=FileResponse,
     responses={302: {"description": "object storage: a presigned URL that serves the file"}},
 )
-def get_artifact(
-    job_id: str,
-    name: str,
-    store: StoreDep,
-    storage: StorageDep,
-):
+def get_artifact(job_id: str, name: str, store: StoreDep, storage: StorageDep):
     job = load_job(store, job_id)
     if not NAME_RE.match(name) or ".." in name:
         raise HTTPException(

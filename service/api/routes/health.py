@@ -40,11 +40,7 @@ def _checks(app, storage: Storage, queue: TaskQueue) -> dict[str, bool]:
 @router.get(
     "/readyz", summary="Broker reachable and storage writable (checked at most once a second)"
 )
-def readyz(
-    request: Request,
-    storage: StorageDep,
-    queue: QueueDep,
-):
+def readyz(request: Request, storage: StorageDep, queue: QueueDep):
     checks = _checks(request.app, storage, queue)
     ok = all(checks.values())
     return JSONResponse(

@@ -210,12 +210,7 @@ def get_job(job_id: str, store: StoreDep) -> Job:
     summary="Cancel a queued or running job",
     responses={409: {"description": "the job has already ended"}},
 )
-def cancel_job(
-    job_id: str,
-    store: StoreDep,
-    storage: StorageDep,
-    queue: QueueDep,
-) -> Job:
+def cancel_job(job_id: str, store: StoreDep, storage: StorageDep, queue: QueueDep) -> Job:
     job = load_job(store, job_id)
     if job.status.terminal:
         raise HTTPException(409, f"job is already {job.status.value}")

@@ -28,12 +28,7 @@ def path_job_view(state: dict) -> PathJob:
     summary="State of a path job (frames done; the artifact once succeeded)",
     responses={404: {"description": "no such path job"}},
 )
-def get_path_job(
-    job_id: str,
-    render_id: str,
-    store: StoreDep,
-    storage: StorageDep,
-) -> PathJob:
+def get_path_job(job_id: str, render_id: str, store: StoreDep, storage: StorageDep) -> PathJob:
     job = load_job(store, job_id)
     try:
         state = path_jobs.read(storage.paths(job.id), render_id)
