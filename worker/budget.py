@@ -25,6 +25,9 @@ EVAL_MAX_SHARE = 0.25
 CURVE_SHARE = 0.02  # the most of the training time test-curve points may take
 # The final evaluation also scores and encodes what it renders; curve points only render.
 EVAL_OVERHEAD = 1.5
+# Room kept beyond the estimate: the last step and checkpoint run past the training end, and a
+# render speed measured earlier in training may be off.
+EVAL_MARGIN = 1.5
 MIN_EVAL_PIXELS = 1024  # however short the time, a view is scored on at least about this many
 # How far past its budget a job may end: the frame being evaluated and writing the results.
 ALLOWANCE_MIN_S = 10.0
@@ -70,7 +73,7 @@ class TimeBudget:
         if self.eval_s_per_pixel is None:
             return EVAL_SHARE * self.limit_s
         full = self.eval_s_per_pixel * EVAL_OVERHEAD * sum(view_pixels)
-        return min(full, EVAL_MAX_SHARE * self.limit_s)
+        return min(EVAL_MARGIN * full, EVAL_MAX_SHARE * self.limit_s)
 
     def training_end(self, view_pixels: Sequence[int]) -> float:
         """Budget seconds at which training should stop."""

@@ -48,6 +48,7 @@ def test_budget_reserves_evaluation_and_counts_resumed_time():
     from worker.budget import (
         EVAL_MAX_SHARE,
         EVAL_OVERHEAD,
+        EVAL_MARGIN,
         EVAL_SHARE,
         TimeBudget,
         allowance,
@@ -62,10 +63,10 @@ def test_budget_reserves_evaluation_and_counts_resumed_time():
     views = [250_000] * 4
     assert b.training_end(views) == 100.0 - EVAL_SHARE * 100.0  # nothing measured yet: the cap
     b.eval_s_per_pixel = 1e-6
-    assert b.training_end(views) == pytest.approx(100.0 - EVAL_OVERHEAD)
+    assert b.training_end(views) == pytest.approx(100.0 - EVAL_MARGIN * EVAL_OVERHEAD)
     # A full-size evaluation is kept for, however long, up to EVAL_MAX_SHARE of the budget.
     b.eval_s_per_pixel = 1e-5
-    assert b.training_end(views) == pytest.approx(100.0 - 1e-5 * EVAL_OVERHEAD * 1e6)
+    assert b.training_end(views) == pytest.approx(100.0 - EVAL_MARGIN * 1e-5 * EVAL_OVERHEAD * 1e6)
     assert b.training_end(views * 10) == 100.0 - EVAL_MAX_SHARE * 100.0
     assert allowance(100.0) == 10.0 and allowance(1000.0) == 50.0
     assert b.shares(80.0) == {"train": 0.8, "curve": 0.0, "checkpoint": 0.02, "eval": 0.0}

@@ -61,6 +61,8 @@ class NerfModel(SceneModel):
             update={
                 "cone_angle": meta.get("cone_angle", cone_angle(self.config, meta["aabb_half"])),
                 "log2_hashmap_size": meta.get("log2_hashmap_size", self.config.log2_hashmap_size),
+                # checkpoints without one were trained with rays from the camera on
+                "near_distance": meta.get("near_distance", self.config.near_distance or 0.0),
             }
         )
         self.cone_angle = self.config.cone_angle

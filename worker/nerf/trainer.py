@@ -11,7 +11,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from api_schemas.nerf import DEFAULT_CONE_ANGLE, DEFAULT_SAMPLES_PER_STEP, NerfConfig
+from api_schemas.nerf import (
+    DEFAULT_CONE_ANGLE,
+    DEFAULT_SAMPLES_PER_STEP,
+    SCENE_DISTORTION_LOSS,
+    SCENE_NEAR_DISTANCE,
+    NerfConfig,
+)
 from kernels import HashGridAdam, OccupancyGrid
 from worker.budget import device_type, time_limit
 from worker.configs import config_dict
@@ -44,6 +50,20 @@ def cone_angle(config: NerfConfig, half: float, device=None) -> float:
     if half <= 1.0:
         return 0.0
     return DEFAULT_CONE_ANGLE[device_type(device)] if device is not None else 1.0 / 256.0
+
+
+def scene_defaults(config: NerfConfig, half: float) -> dict[str, float]:
+    """The distortion loss and near distance of the config, or the defaults for its scene box:
+    SCENE_* past the unit cube (a capture with a background), 0 for an object in its box."""
+    scene = half > 1.0
+    return {
+        "distortion_loss": config.distortion_loss
+        if config.distortion_loss is not None
+        else (SCENE_DISTORTION_LOSS if scene else 0.0),
+        "near_distance": config.near_distance
+        if config.near_distance is not None
+        else (SCENE_NEAR_DISTANCE if scene else 0.0),
+    }
 
 
 def table_log2(config: NerfConfig, meta: dict[str, Any]) -> int:
@@ -133,6 +153,7 @@ class NerfTrainer:
                 "log2_hashmap_size": table_log2(config, meta),
                 "samples_per_step": samples_per_step(config, self.device),
                 "occupancy_resolution": occupancy_resolution(config, n_cascades, self.device),
+                **scene_defaults(config, self.half),
             }
         )
         # Seconds of the run the learning rate decays over (set by the job from its time budget)
@@ -359,6 +380,7 @@ class NerfTrainer:
             "state_format": STATE_FORMAT,
             "config": config_dict(self.requested_config),
             "cone_angle": self.config.cone_angle,
+            "near_distance": self.config.near_distance,
             "log2_hashmap_size": self.config.log2_hashmap_size,
             "budget_used_s": round(self.budget_used_s, 3),
             "step": self.step,

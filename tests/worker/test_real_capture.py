@@ -1,0 +1,73 @@
+"""A real phone capture end to end: instant-ngp's fox (`../shared/captures/fox`, uploaded as the
+folder is, its transforms.json listing frames whose photo is absent) at a 120-px long side, as
+nerf and as splat through the real API and a Celery worker, default config and a minute each.
+
+The NeRF must generalise to the held-out photos, not only fit its training photos: its held-out
+PSNR stays above a floor and within a stated gap of the splat's on the same upload (the splats
+match the photos; a NeRF that explains each training photo with floaters does not)."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import pytest
+
+FOX = Path(__file__).resolve().parents[3] / "shared" / "captures" / "fox"
+BUDGET_S = 60.0
+LONG_SIDE = 120
+# Measured alone on this 2-core machine at 120 px and 60 s each (docs/nerf.md, "Real captures"):
+# nerf 14.2 dB held-out at its defaults, 13.7 without the distortion loss and near plane; splat
+# 16.8-17.3 dB. Runs of one config differ by about half a dB.
+NERF_FLOOR_DB = 13.0
+MAX_GAP_DB = 3.5
+
+pytestmark = pytest.mark.skipif(
+    not (FOX / "transforms.json").is_file(), reason=f"the fox capture is not at {FOX}"
+)
+
+
+def fox_zip() -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        for p in sorted(FOX.rglob("*")):
+            if p.is_file():
+                zf.write(p, p.relative_to(FOX).as_posix())
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def jobs(fs_stack):
+    # One after the other: two trainings at once would halve each other's budget.
+    data = fox_zip()
+    out = {}
+    for kind in ("nerf", "splat"):
+        config = {"time_limit_s": BUDGET_S, "long_side": LONG_SIDE}
+        r = fs_stack.submit(data, "fox.zip", kind=kind, config=config)
+        assert r.status_code == 202, r.text
+        out[kind] = fs_stack.wait_status(
+            r.json()["id"], "succeeded", "failed", timeout=6 * BUDGET_S + 300
+        )
+    return out
+
+
+def test_the_upload_as_it_is_trains_the_photos_it_has(jobs):
+    ds = jobs["nerf"]["dataset"]
+    assert ds["missing_images"]["count"] == 17  # transforms.json lists 67 frames, 50 are there
+    assert ds["n_train"] + ds["n_test"] == 50 and ds["n_test"] == 7
+
+
+def test_nerf_generalises_as_the_splats_do(jobs):
+    for kind, job in jobs.items():
+        assert job["status"] == "succeeded", (kind, job["error"])
+    nerf, splat = jobs["nerf"]["metrics"], jobs["splat"]["metrics"]
+    report = (
+        f"nerf {nerf['test_psnr']:.2f} dB (eval scale {nerf['eval_scale']}, {nerf['steps']} steps), "
+        f"splat {splat['test_psnr']:.2f} dB (eval scale {splat['eval_scale']}, {splat['steps']} steps)"
+    )
+    print(report)
+    for m in (nerf, splat):  # every held-out view, at the training size
+        assert m["n_test"] == 7 and m["eval_scale"] == 1, report
+    assert nerf["test_psnr"] >= NERF_FLOOR_DB, report
+    assert splat["test_psnr"] - nerf["test_psnr"] <= MAX_GAP_DB, report
