@@ -4,8 +4,10 @@ schedule scaled to `steps` (densify until half-way, opacity reset every `opacity
 Step numbers of the schedule (densify_from/every, opacity_reset_every, sh_increase_every) are
 those of a run reaching `steps`; when the time budget ends the run first they scale with it (the
 schedule's position is `steps` x the larger of the steps and the budget fractions done). A job
-that sets no `steps` trains until its budget ends, its schedule read as SCHEDULE_STEPS long and
-positioned by the budget fraction alone."""
+that sets no `steps` trains until its budget ends, on a schedule SCHEDULE_STEPS long positioned
+the same way; a worker fast enough to run its course goes on at its end (final learning rate, no
+more densification) until the budget ends. Positioned by the budget alone, a CPU run refined its
+Gaussians every few steps and grew them past what its steps could train (docs/splat.md)."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ class SplatConfig(TrainingImages):
         ge=1,
         le=1_000_000,
         description="training steps (one image per step); null: train until the time budget "
-        f"ends, the schedule laid over that horizon as over {SCHEDULE_STEPS} steps",
+        f"ends, on the schedule of {SCHEDULE_STEPS} steps (or of the budget, when that ends first)",
     )
     time_limit_s: float | None = Field(None, gt=0, description=TIME_LIMIT_HELP)
     seed: int = Field(0, ge=0)

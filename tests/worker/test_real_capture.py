@@ -71,3 +71,33 @@ def test_nerf_generalises_as_the_splats_do(jobs):
         assert m["n_test"] == 7 and m["eval_scale"] == 1, report
     assert nerf["test_psnr"] >= NERF_FLOOR_DB, report
     assert splat["test_psnr"] - nerf["test_psnr"] <= MAX_GAP_DB, report
+
+
+def test_no_point_a_training_camera_sees_is_culled_as_unseen(tmp_path):
+    """The occupancy grid's unseen marks (cells no training camera sees stay empty) on the real
+    capture's portrait, distorted photos and its aabb_scale-4 box: every point of every sampled
+    training ray inside the box lies in a cell still marked seen, so the field can fit every
+    training photo, the views from above included."""
+    import torch
+
+    from api_schemas.nerf import NerfConfig
+    from core.settings import Settings
+    from service.intake.nerf import validate_upload
+    from worker.nerf.trainer import NerfTrainer
+    from worker.scene.dataset import Dataset, read_meta
+
+    job = tmp_path / "job"
+    (job / "upload").mkdir(parents=True)
+    src = job / "upload" / "fox.zip"
+    src.write_bytes(fox_zip())
+    validate_upload(src, "fox.zip", {"long_side": 64}, job, Settings(data_dir=tmp_path))
+    meta = read_meta(job / "dataset")
+    train = Dataset(job / "dataset", "train", meta)
+    trainer = NerfTrainer(NerfConfig(), meta, "cpu", train)
+    assert 0.05 < trainer.unseen_fraction < 0.95  # the marks exist and are not everything
+    o, d, _ = train.sample(20_000, torch.Generator().manual_seed(0), jitter=1.0)
+    t = torch.linspace(0.01, 2 * trainer.half * 3**0.5, 200)
+    points = (o[:, None] + t[None, :, None] * d[:, None]).reshape(-1, 3)
+    points = points[(points.abs() < trainer.half).all(1)]
+    assert len(points) > 100_000
+    assert bool(trainer.grid.is_occupied(points).all())

@@ -212,7 +212,7 @@ def test_schedule_follows_the_time_budget(tmp_path, blender):
     from worker.splat.trainer import MIN_REFINE_STEPS
 
     cfg, _, job = intake(tmp_path, blender, {"n_init_points": 300})
-    # no steps: the schedule is SCHEDULE_STEPS long, positioned by the budget fraction alone
+    # no steps: the schedule is SCHEDULE_STEPS long, positioned as a 3000-step job's
     assert cfg["steps"] is None and SCHEDULE_STEPS == 3000 and cfg["opacity_reset_every"] == 1000
     meta = read_meta(job / "dataset")
     t = SplatTrainer(cfg, meta, torch.device("cpu"), Dataset(job / "dataset", "train", meta))

@@ -214,7 +214,7 @@ class SplatTrainer:
         """Where the run stands on the `steps`-long schedule: the step, or further when the time
         budget is used up faster than the steps (the job's real horizon)."""
         steps = schedule_length(self.config)
-        frac = self.step / steps if self.config.steps else 0.0
+        frac = self.step / steps
         if self.lr_horizon_s:
             frac = max(frac, self.budget_used_s / self.lr_horizon_s)
         elif not self.config.steps:  # no job around it (scripts): the device's default budget
@@ -548,5 +548,5 @@ def to_numpy(img: torch.Tensor) -> np.ndarray:
 
 def schedule_length(config: SplatConfig) -> int:
     """The schedule's length in steps: the job's `steps`, or SCHEDULE_STEPS for a job that trains
-    until its budget (its position is then the budget fraction used)."""
+    until its budget (which then trains on at the schedule's end once it has run its course)."""
     return int(config.steps or SCHEDULE_STEPS)
