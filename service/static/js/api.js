@@ -123,14 +123,23 @@ export async function render(id, body, signal, onProgress) {
   return blob;
 }
 
-export async function renderPath(id, body, signal) {
+export async function renderPath(id, body, signal, onProgress) {
+  let resp;
   try {
-    return (await request("POST", jobUrl(id, "/render/path"), { json: body, signal })).blob();
+    resp = await request("POST", jobUrl(id, "/render/path"), { json: body, signal });
   } catch (err) {
     // `/render/path` is the documented route; servers from before it used `/render_path`.
     if (!(err instanceof ApiError) || !(err.status === 405 || (err.status === 404 && err.message === "Not Found"))) throw err;
-    return (await request("POST", jobUrl(id, "/render_path"), { json: body, signal })).blob();
+    resp = await request("POST", jobUrl(id, "/render_path"), { json: body, signal });
   }
+  // a path over PATH_WAIT_PIXELS is answered 202 with a path job
+  if (resp.status === 202) return waitRenderJob(await resp.json(), { signal, onProgress });
+  return resp.blob();
+}
+
+// A camera path as a path job (mode "job"): its state (202), to follow with waitRenderJob.
+export async function startPathJob(id, body, signal) {
+  return (await request("POST", jobUrl(id, "/render/path"), { json: { ...body, mode: "job" }, signal })).json();
 }
 
 export async function ready() {

@@ -16,6 +16,7 @@
 
 import * as api from "./api.js";
 import { el } from "./dom.js";
+import { PathEditor } from "./path_editor.js";
 import { decompress as zstdDecompress } from "./fzstd.js";
 import { datasetSize, fitSize, initialOrbit, UPS } from "./viewer.js";
 
@@ -649,7 +650,9 @@ export class SplatViewer {
       el("h3", {}, "Viewer (Gaussians drawn in this browser)"),
       this.stage,
       el("div", { class: "controls" }, this.fileSelect, this.msg, this.download),
+      el("div", { id: "path-editor", class: "path-editor" }),
     );
+    this.paths = new PathEditor(root.querySelector("#path-editor"), job, this);
     this.fpsWindow = [];
     this.ready = this.load("spz");
   }
@@ -731,6 +734,21 @@ export class SplatViewer {
     this.drawNow(this.camera(c2w, fovXDeg, width, height));
   }
 
+  // ---- for the camera path editor (path_editor.js): previews are drawn here, every frame ----
+
+  get drawsLocally() { return true; }
+
+  pathView() { return { c2w: this.orbitC2w(), fovX: this.o.fov }; }
+
+  pathSize() { return [this.width, this.height]; }
+
+  previewPose(c2w, fovX) {
+    this.showPose(c2w, fovX);
+    return new Promise((resolve) => requestAnimationFrame(resolve));
+  }
+
+  endPreview() { this.drawNow(); }
+
   bindPointer() {
     let last = null;
     const s = this.stage;
@@ -768,6 +786,7 @@ export class SplatViewer {
 
   dispose() {
     this.disposed = true;
+    this.paths?.dispose();
     this.renderer?.dispose();
   }
 }

@@ -4,6 +4,7 @@
 
 import * as api from "./api.js";
 import { el } from "./dom.js";
+import { PathEditor, lookAtC2w } from "./path_editor.js";
 
 const IDLE_MS = 250;     // still this long → ask for the full-resolution frame
 const LOW_DIVISOR = 4;   // low-res frames while dragging are this much smaller per side
@@ -177,6 +178,7 @@ export class OrbitViewer {
     const camsBtn = el("button", { type: "button", class: "secondary", id: "training-cameras" }, "Download training cameras (camera_path.json)");
     camsBtn.addEventListener("click", () => this.downloadCameras());
     this.anim = el("div", { class: "animation" });
+    const pathRoot = el("div", { id: "path-editor", class: "path-editor" });
 
     root.replaceChildren(
       el("h3", {}, "Viewer"),
@@ -185,7 +187,9 @@ export class OrbitViewer {
       el("div", { class: "controls" }, this.msg),
       el("div", { class: "controls" }, this.animBtn, camsBtn),
       this.anim,
+      pathRoot,
     );
+    this.paths = new PathEditor(pathRoot, job, this);
     this.bindPointer();
     this.changed(false);
   }
@@ -205,6 +209,26 @@ export class OrbitViewer {
   view() {
     return { camera: { look_at: { eye: this.eye(), target: this.o.target, up: UPS[this.o.upKey] } }, fov_x_deg: this.o.fov };
   }
+
+  // ---- for the camera path editor (path_editor.js) ----
+
+  pathView() {
+    return { c2w: lookAtC2w(this.eye(), this.o.target, UPS[this.o.upKey]), fovX: this.o.fov };
+  }
+
+  pathSize() { return this.full; }
+
+  // One small frame of a path pose, rendered by the server and shown in the stage.
+  async previewPose(c2w, fovX) {
+    const [fw, fh] = this.full;
+    const width = Math.max(16, Math.round(fw / LOW_DIVISOR)), height = Math.max(16, Math.round(fh / LOW_DIVISOR));
+    const blob = await api.render(this.job.id, { width, height, output: this.output, camera: { c2w }, fov_x_deg: fovX });
+    if (this.disposed) return;
+    this.frame.show(blob);
+    this.hud.textContent = `path preview ${width}×${height}`;
+  }
+
+  endPreview() { this.changed(false); } // the interactive view again, at full size
 
   bindPointer() {
     let last = null;
@@ -338,6 +362,7 @@ export class OrbitViewer {
 
   dispose() {
     this.disposed = true;
+    this.paths?.dispose();
     clearTimeout(this.idleTimer);
     this.frame.dispose();
   }
