@@ -151,8 +151,9 @@ def test_a_ray_marches_into_an_outer_cascade_and_meets_the_wall_there():
 
 
 def test_a_checkpoint_from_before_cascades_loads_and_renders(tmp_path):
-    """State format 2 had one cascade over the whole box and neither `grid.half` nor `max_step`
-    in its meta: a render worker still builds that grid from it."""
+    """State format 2 had one cascade over the whole box and neither `grid.half`, `max_step` nor
+    `near_distance` in its meta: a render worker still builds that grid from it, and marches its
+    rays from the camera on as it was trained."""
     from worker.jobs.nerf import NerfModel, _march
 
     t = _trainer(4.0)
@@ -165,7 +166,7 @@ def test_a_checkpoint_from_before_cascades_loads_and_renders(tmp_path):
     tensors.update({f"grid.{k}": v for k, v in old_grid.state_dict().items()})
     # and the cone angle its trainer resolved then (instant-ngp's, whatever the device)
     meta = {**meta, "state_format": 2, "step_size": 0.0135, "cone_angle": 1 / 256}
-    del meta["max_step"]
+    del meta["max_step"], meta["near_distance"]
     meta["grid"] = {"resolution": 32, "n_cascades": 1, "n_updates": 1}
     manager = CheckpointManager(tmp_path / "checkpoints")
     manager.save(3, tensors, meta)

@@ -46,9 +46,9 @@ def test_eta_never_passes_the_deadline():
 
 def test_budget_reserves_evaluation_and_counts_resumed_time():
     from worker.budget import (
+        EVAL_MARGIN,
         EVAL_MAX_SHARE,
         EVAL_OVERHEAD,
-        EVAL_MARGIN,
         EVAL_SHARE,
         TimeBudget,
         allowance,

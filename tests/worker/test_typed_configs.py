@@ -280,7 +280,9 @@ def test_every_nerf_config_field_is_read_by_the_nerf_job(tmp_path):
 
     _nerf_dataset(tmp_path)
     Recording, read = _recording(NerfConfig)
-    metrics = JOB.train(_ctx(tmp_path, Recording(**SMALL_NERF, error_map_share=0.5)))
+    metrics = JOB.train(
+        _ctx(tmp_path, Recording(**SMALL_NERF, error_map_share=0.5, appearance=True))
+    )
     assert metrics["steps"] == SMALL_NERF["steps"]
     missing = set(NerfConfig.model_fields) - BEFORE_TRAINING - read
     assert not missing, f"NerfConfig fields the nerf job never reads: {sorted(missing)}"
