@@ -47,14 +47,12 @@ def bitfield_layout(res: int) -> list[int]:
     return offsets
 
 
-_BIT_WEIGHTS = 1 << torch.arange(8)
-
-
 def _pack(bits_bool: torch.Tensor) -> torch.Tensor:
     n = bits_bool.numel()
     padded = torch.zeros(max(8, -(-n // 8) * 8), dtype=torch.bool, device=bits_bool.device)
     padded[:n] = bits_bool
-    return (padded.view(-1, 8).long() * _BIT_WEIGHTS.to(padded.device)).sum(1).to(torch.uint8)
+    weights = 1 << torch.arange(8, device=padded.device)  # made there: no copy to a GPU
+    return (padded.view(-1, 8).long() * weights).sum(1).to(torch.uint8)
 
 
 def _unpack(bytes_: torch.Tensor, n: int) -> torch.Tensor:
@@ -81,8 +79,8 @@ def bitfield_reference(density: torch.Tensor, thresh: float) -> torch.Tensor:
     for c in range(c_n):
         occ = density[c] > thresh
         if prev_level0 is not None:
-            occ = occ.clone()
-            occ[moved[prev_level0 != 0]] = True
+            # an index, not a mask, so no size waits for the data (distinct cells: no clash)
+            occ = occ.index_put((moved,), occ[moved] | (prev_level0 != 0))
         level0 = _pack(occ)
         out[c, : layout[1]] = level0
         prev_level0 = level0
@@ -254,10 +252,12 @@ class OccupancyGrid(nn.Module):
         seen = self.density >= 0
         layout = bitfield_layout(self.resolution)
         for c in range(self.n_cascades):
-            live = seen[c].nonzero().squeeze(1)
-            if warmup:
-                cells = live
+            if dev.type != "cpu":
+                cells = self._draw_cells_on_device(c, seen[c], warmup)
+            elif warmup:
+                cells = seen[c].nonzero().squeeze(1)
             else:
+                live = seen[c].nonzero().squeeze(1)
                 k = live.numel() // 4
                 uniform = live[torch.randint(0, max(live.numel(), 1), (k,), device=dev)]
                 # "Occupied" as the current bitfield says (density > min(threshold, mean)); a
@@ -278,6 +278,25 @@ class OccupancyGrid(nn.Module):
         )
         self.n_updates += 1
         self.binarize(threshold)
+
+    def _draw_cells_on_device(self, c: int, seen: torch.Tensor, warmup: bool) -> torch.Tensor:
+        # update's draws without `nonzero` (on a GPU its size waits for the device): every cell
+        # in warmup, else a quarter of the cascade's cells drawn uniformly among the seen ones
+        # and a quarter among the occupied ones, each as the (u + 1)-th set cell of a mask for
+        # u uniform below the mask's count. Unseen cells drawn (warmup; a mask with no cell
+        # set) are evaluated but never written: update keeps their density.
+        dev = seen.device
+        if warmup:
+            return torch.arange(self.n_cells, device=dev)
+        layout = bitfield_layout(self.resolution)
+        occ = _unpack(self.bits[c, : layout[1]], self.n_cells) & seen
+        k = self.n_cells // 4
+        draws = []
+        for mask in (seen, occ):
+            cum = torch.cumsum(mask, 0)
+            u = (torch.rand(k, device=dev, dtype=torch.float64) * cum[-1]).long()
+            draws.append(torch.searchsorted(cum, u, right=True).clamp_max(self.n_cells - 1))
+        return torch.cat(draws)
 
     def update_every_n_steps(
         self,
@@ -311,6 +330,11 @@ class OccupancyGrid(nn.Module):
         """
         seen = self.density >= 0
         mean = self.density.clamp_min(0).sum() / seen.sum().clamp_min(1)
+        if self.density.device.type != "cpu":
+            # the threshold stays on the device: the reference takes it as a tensor, where the
+            # compiled op's float would be a read of the mean
+            self.bits.copy_(bitfield_reference(self.density, mean.clamp_max(threshold)))
+            return
         self._set_bits(self.density, min(threshold, float(mean)), backend)
 
     def _set_bits(self, density: torch.Tensor, thresh: float, backend: str | None) -> None:

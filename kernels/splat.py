@@ -87,8 +87,12 @@ def tile_bins(
         tile = (y0.long()[sid] + k // w) * tx + (x0.long()[sid] + k % w)
         tile_sorted, perm = torch.sort(tile, stable=True)
         ids = sid[perm].to(torch.int32).contiguous()
-        offsets = torch.zeros(tx * ty + 1, dtype=torch.int64, device=dev)
-        offsets[1:] = torch.cumsum(torch.bincount(tile_sorted, minlength=tx * ty), 0)
+        if dev.type != "cpu":  # bincount's size waits for the largest tile on a GPU
+            tiles = torch.arange(tx * ty + 1, device=dev)
+            offsets = torch.searchsorted(tile_sorted, tiles)
+        else:
+            offsets = torch.zeros(tx * ty + 1, dtype=torch.int64, device=dev)
+            offsets[1:] = torch.cumsum(torch.bincount(tile_sorted, minlength=tx * ty), 0)
     return offsets, ids
 
 

@@ -31,7 +31,9 @@ FIRST_ROUND = 4
 class RenderStats:
     n_rays: int = 0
     marched: int = 0  # samples the grid let through
-    kept: int = 0  # samples that reached the colour network
+    # samples that reached the colour network; a 0-dim device tensor from a training batch on
+    # a GPU (render_rays), which the trainer reads back with its loss
+    kept: int | torch.Tensor = 0
 
     def add(self, other: RenderStats) -> None:
         self.n_rays += other.n_rays
@@ -221,11 +223,7 @@ def render_rays(
     Differentiable w.r.t. the field when called with grad enabled.
     """
     n = rays_o.shape[0]
-    ri, t0, t1, enc, marched = march_visible(
-        field,
-        grid,
-        rays_o,
-        rays_d,
+    march = dict(
         step=step,
         cone_angle=cone_angle,
         max_step=max_step,
@@ -234,6 +232,9 @@ def render_rays(
         alpha_threshold=alpha_threshold,
         near=near,
     )
+    if rays_o.device.type != "cpu" and torch.is_grad_enabled():
+        return _render_masked(field, grid, rays_o, rays_d, background, with_samples, march)
+    ri, t0, t1, enc, marched = march_visible(field, grid, rays_o, rays_d, **march)
     if ri.numel():
         t_mid = (0.5 * (t0 + t1))[:, None]
         pos = torch.addcmul(rays_o.index_select(0, ri), t_mid, rays_d.index_select(0, ri))
@@ -248,6 +249,94 @@ def render_rays(
         sigma, rgb, t0, t1, ri, n, background, offsets=offsets, backend=field.backend
     )
     stats = RenderStats(n, marched, kept)
+    if with_samples:
+        return color, depth, opacity, stats, Samples(sigma, t0, t1, offsets)
+    return color, depth, opacity, stats
+
+
+@torch.no_grad()
+def march_masked(
+    field,
+    grid: OccupancyGrid,
+    rays_o: torch.Tensor,
+    rays_d: torch.Tensor,
+    *,
+    step: float,
+    cone_angle: float = 0.0,
+    max_step: float = 1e10,
+    max_samples: int = 1024,
+    stratified: bool = False,
+    alpha_threshold: float = 0.0,
+    near: float = 0.0,
+):
+    """Every ray marched once to its end, the hidden samples flagged rather than dropped.
+
+    `march_visible`'s rounds and compaction wait for the device at every round (its sample
+    count, the kept indices): on a GPU that is a dozen host synchronisations a step. Here the
+    march's own sample count is the one wait; the samples `march_visible` would drop are those
+    `keep` is False for, and a fixed-size mask replaces the compaction. Arguments as
+    `march_visible`.
+
+    Returns:
+        (ray_indices (S,) int64, t_starts (S,), t_ends (S,), offsets (N + 1,) int64, features
+        (S, n_features) without gradients, keep (S,) bool): every marched sample, sorted by ray,
+        then t.
+    """
+    n = rays_o.shape[0]
+    dev = rays_o.device
+    tau_max = -torch.log(torch.tensor(EARLY_STOP_T, dtype=torch.float64)).item()
+    near = torch.full((n,), float(near), device=dev)
+    s = march_rays(
+        rays_o,
+        rays_d,
+        grid,
+        near=near,
+        render_step_size=step,
+        cone_angle=cone_angle,
+        max_step=max_step,
+        max_samples=max_samples,
+        stratified=stratified,
+    )
+    ri, t0, t1 = s.ray_indices, s.t_starts, s.t_ends
+    t_mid = (0.5 * (t0 + t1))[:, None]
+    pos = torch.addcmul(rays_o.index_select(0, ri), t_mid, rays_d.index_select(0, ri))
+    enc, sigma = _encode_chunked(field, pos)
+    keep, _ = cull_round(
+        s.offsets,
+        torch.arange(n, device=dev),
+        sigma,
+        t0,
+        t1,
+        torch.zeros(n, dtype=torch.float64, device=dev),
+        near,
+        cap=max_samples,
+        tau_max=tau_max,
+        alpha_min=alpha_threshold,
+        backend=field.backend,
+    )
+    return ri, t0, t1, s.offsets, enc, keep
+
+
+def _render_masked(field, grid, rays_o, rays_d, background, with_samples, march):
+    # Training on a GPU: the network runs over every marched sample and the hidden ones get zero
+    # density, so they add nothing to the colour, depth, opacity or any gradient: the result is
+    # that of the compacted samples, with no host synchronisation but the march's.
+    n = rays_o.shape[0]
+    ri, t0, t1, offsets, enc, keep = march_masked(field, grid, rays_o, rays_d, **march)
+    marched = int(ri.numel())
+    if marched:
+        t_mid = (0.5 * (t0 + t1))[:, None]
+        pos = torch.addcmul(rays_o.index_select(0, ri), t_mid, rays_d.index_select(0, ri))
+        sigma, rgb = field(pos, rays_d.index_select(0, ri), enc=enc)
+        sigma = torch.where(keep, sigma, torch.zeros_like(sigma))
+    else:
+        sigma = torch.zeros(0, device=rays_o.device)
+        rgb = torch.zeros(0, 3, device=rays_o.device)
+    color, depth, opacity = composite(
+        sigma, rgb, t0, t1, ri, n, background, offsets=offsets, backend=field.backend
+    )
+    # kept: a 0-dim device tensor here, read with the step's loss (one wait, not two)
+    stats = RenderStats(n, marched, keep.sum())
     if with_samples:
         return color, depth, opacity, stats, Samples(sigma, t0, t1, offsets)
     return color, depth, opacity, stats

@@ -318,8 +318,12 @@ class NerfTrainer:
             # photo, which is what renders without a transform (held-out views) show.
             eye = torch.eye(3, 4, device=self.device)
             loss = loss + APPEARANCE_MEAN_WEIGHT * ((self.appearance.mean(0) - eye) ** 2).sum()
+        # On a GPU the samples are all marched ones, the hidden flagged (render_rays): whether
+        # any was kept is read with the loss at the end, not here.
+        on_host = isinstance(stats.kept, int)
+        has_samples = stats.kept if on_host else stats.marched
         dist_weight = self.config.distortion_loss
-        if dist_weight > 0 and stats.kept:
+        if dist_weight > 0 and has_samples:
             w = render_weights(samples.sigma, samples.t_starts, samples.t_ends, samples.offsets)
             loss = (
                 loss
@@ -332,13 +336,19 @@ class NerfTrainer:
         self.table_opt.zero_grad()
         if self.appearance is not None:
             self.app_opt.zero_grad(set_to_none=True)
-        if stats.kept:
+        if has_samples:
             loss.backward()
             self.opt.step()
             self.table_opt.step()
             if self.appearance is not None:
                 self.app_opt.step()
         self.step += 1
+        # The step's one read of device values (loss and kept samples together).
+        if on_host:
+            mse = float(mse)
+        else:
+            mse, kept = torch.stack([mse.double(), stats.kept.double()]).tolist()
+            stats = RenderStats(stats.n_rays, stats.marched, int(kept))
         self.last = stats
         # Batch sized by samples: rays next step = target / samples per ray now (smoothed).
         per_ray = max(stats.kept / n, 1.0)
@@ -346,7 +356,6 @@ class NerfTrainer:
         self.n_rays = int(min(max(0.5 * n + 0.5 * want, MIN_RAYS), self.config.max_rays_per_step))
         dt = time.perf_counter() - t0
         self.train_s += dt
-        mse = float(mse)
         return {
             "loss": mse,
             "psnr": psnr(mse),

@@ -67,6 +67,9 @@ class RenderOut:
     depths: torch.Tensor  # (M,)
     conics: torch.Tensor
     opacities: torch.Tensor
+    # (M,) bool: which of the `visible` splats are in view, where those are every splat
+    # (training on a GPU: render's mask instead of a compaction); None: all of them are
+    shown: torch.Tensor | None = None
 
 
 def colors_of(
@@ -105,11 +108,19 @@ def render(
         cam.height,
         antialiased=antialiased,
     )
+    training = torch.is_grad_enabled()
     with torch.no_grad():
         r = proj.radii
         u, v = proj.means2d[:, 0], proj.means2d[:, 1]
         on_screen = (u + r > 0) & (u - r < cam.width) & (v + r > 0) & (v - r < cam.height)
-        idx = (proj.visible & on_screen).nonzero().squeeze(1)
+        shown = proj.visible & on_screen
+        # Training on a GPU keeps every splat and gives those out of view zero opacity, which
+        # no compositor bins or blends: the image and gradients of the compaction, without the
+        # host synchronisation `nonzero` is there.
+        masked = shown.device.type != "cpu" and training
+        idx = torch.arange(shown.numel(), device=shown.device) if masked else None
+        if idx is None:
+            idx = shown.nonzero().squeeze(1)
     means2d = proj.means2d[idx]
     if means2d.requires_grad:
         means2d.retain_grad()
@@ -117,6 +128,8 @@ def render(
     opac = torch.sigmoid(p["opacities"][idx])
     if antialiased:
         opac = opac * proj.compensations[idx]
+    if masked:
+        opac = torch.where(shown, opac, torch.zeros_like(opac))
     rgb, trans = splat.rasterize(
         means2d,
         proj.conics[idx],
@@ -129,7 +142,15 @@ def render(
         method=method,
     )
     return RenderOut(
-        rgb, 1.0 - trans, means2d, idx, proj.radii[idx], proj.depths[idx], proj.conics[idx], opac
+        rgb,
+        1.0 - trans,
+        means2d,
+        idx,
+        proj.radii[idx],
+        proj.depths[idx],
+        proj.conics[idx],
+        opac,
+        shown if masked else None,
     )
 
 

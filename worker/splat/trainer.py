@@ -329,10 +329,14 @@ class SplatTrainer:
                 # view-space gradient in NDC units as 3DGS measures it (pixels span 2 / size)
                 g = self._absgrad(out.means2d) if c.absgrad else out.means2d.grad
                 g = g * torch.tensor([cam.width / 2, cam.height / 2], device=self.device)
-                self.grad_accum.index_add_(0, out.visible, g.norm(dim=-1))
-                self.grad_count.index_add_(0, out.visible, torch.ones_like(out.radii))
+                norm, ones, radii = g.norm(dim=-1), torch.ones_like(out.radii), out.radii
+                if out.shown is not None:  # every splat rendered, those out of view masked
+                    w = out.shown.to(out.radii.dtype)
+                    norm, ones, radii = norm * w, w, radii * w
+                self.grad_accum.index_add_(0, out.visible, norm)
+                self.grad_count.index_add_(0, out.visible, ones)
                 self.max_radii[out.visible] = torch.maximum(
-                    self.max_radii[out.visible], out.radii / max(cam.width, cam.height)
+                    self.max_radii[out.visible], radii / max(cam.width, cam.height)
                 )
         self.opt.step()
         self.step += 1
@@ -439,18 +443,19 @@ class SplatTrainer:
 
     # -- densification ------------------------------------------------------------------------
     def _edit(self, keep: torch.Tensor | None, extra: dict[str, torch.Tensor] | None):
-        """Keep rows `keep` (bool mask) and append `extra`, carrying Adam moments along (zeros for new rows)."""
+        """Keep rows `keep` (int64 indices) and append `extra`, carrying Adam moments along
+        (zeros for new rows)."""
         for g in self.opt.param_groups:
             k = g["name"]
             old = g["params"][0]
             st = self.opt.state.pop(old, None)
-            val = old.detach() if keep is None else old.detach()[keep]
+            val = old.detach() if keep is None else old.detach().index_select(0, keep)
             if extra is not None:
                 val = torch.cat([val, extra[k]])
             new = torch.nn.Parameter(val.contiguous())
             if st is not None:
                 for name in ("exp_avg", "exp_avg_sq"):
-                    m = st[name] if keep is None else st[name][keep]
+                    m = st[name] if keep is None else st[name].index_select(0, keep)
                     if extra is not None:
                         m = torch.cat([m, torch.zeros_like(extra[k])])
                     st[name] = m.contiguous()
@@ -496,12 +501,18 @@ class SplatTrainer:
                 new["means"] = new["means"] + offs
                 new["scales"] = torch.log(scales / 1.6)
                 extra = {k: torch.cat([extra[k], new[k]]) for k in gm.NAMES}
+            # Rows as indices, each mask read once: on a GPU every mask indexing waits for the
+            # device, and _edit indexes three tensors a parameter.
             n_old = self.n
             keep = torch.ones(n_old, dtype=torch.bool, device=self.device)
             keep[split] = False
+            keep = keep.nonzero().squeeze(1)
             self._edit(keep, extra)
             self.max_radii = torch.cat(
-                [self.max_radii[keep], torch.zeros(self.n - int(keep.sum()), device=self.device)]
+                [
+                    self.max_radii.index_select(0, keep),
+                    torch.zeros(self.n - keep.numel(), device=self.device),
+                ]
             )
             # prune
             op = torch.sigmoid(self.params["opacities"].detach())
@@ -512,9 +523,10 @@ class SplatTrainer:
                     torch.exp(self.params["scales"].detach()).max(-1).values
                     > c.prune_world_size * self.extent
                 )
-            if prune.all():
-                prune[0] = False
-            self._edit(~prune, None)
+            keep = (~prune).nonzero().squeeze(1)
+            if not keep.numel():  # never all of them
+                keep = torch.zeros(1, dtype=torch.int64, device=self.device)
+            self._edit(keep, None)
         self._reset_stats()
 
     def reset_opacity(self):
