@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <sstream>
@@ -61,8 +63,20 @@ inline at::ScalarType float_dtype(const at::Tensor& t, const char* op, const cha
     return st;
 }
 
-// Packed segments: offsets (n_segments + 1,) int64, 0 first, n_items last, non-decreasing. One host
-// sync on CUDA; without it a bad offset would send a kernel past the sample arrays.
+// Whether the checks that read a GPU tensor's values (offsets, index ranges) run: each is a host
+// synchronisation, several a training step, so on a GPU they are a debug mode, NF_KERNEL_CHECKS=1
+// in the environment (read once per process). On the CPU they always run: there they cost no wait.
+inline bool device_checks() {
+    static const bool on = [] {
+        const char* v = std::getenv("NF_KERNEL_CHECKS");
+        return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+    }();
+    return on;
+}
+
+// Packed segments: offsets (n_segments + 1,) int64, 0 first, n_items last, non-decreasing. On a
+// GPU only with device_checks(); without it a bad offset would send a kernel past the sample
+// arrays, which Python's callers build from the same counts.
 inline void check_offsets(const at::Tensor& offsets, int64_t n_items, const char* op, const char* name,
                           const at::Device& dev) {
     expect(offsets, op, name, dev, at::kLong, {-1});
@@ -74,6 +88,7 @@ inline void check_offsets(const at::Tensor& offsets, int64_t n_items, const char
         ok = o[0] == 0 && o[n - 1] == n_items;
         for (int64_t i = 1; ok && i < n; ++i) ok = o[i] >= o[i - 1];
     } else {
+        if (!device_checks()) return;
         at::Tensor good = (offsets[0] == 0).logical_and(offsets[n - 1] == n_items);
         if (n > 1) good = good.logical_and((offsets.slice(0, 1) >= offsets.slice(0, 0, n - 1)).all());
         ok = good.item<bool>();
@@ -81,9 +96,9 @@ inline void check_offsets(const at::Tensor& offsets, int64_t n_items, const char
     TORCH_CHECK_VALUE(ok, op, ": ", name, " must start at 0, end at ", n_items, " and never decrease");
 }
 
-// Every value of idx (int32 or int64) lies in [lo, hi]. One host sync on CUDA.
+// Every value of idx (int32 or int64) lies in [lo, hi]. On a GPU only with device_checks().
 inline void check_range(const at::Tensor& idx, int64_t lo, int64_t hi, const char* op, const char* name) {
-    if (idx.numel() == 0) return;
+    if (idx.numel() == 0 || (!idx.is_cpu() && !device_checks())) return;
     const auto mm = at::aminmax(idx);
     const int64_t mn = std::get<0>(mm).item<int64_t>(), mx = std::get<1>(mm).item<int64_t>();
     TORCH_CHECK_VALUE(mn >= lo && mx <= hi, op, ": ", name, " values must lie in [", lo, ", ", hi, "], got [", mn,
@@ -343,9 +358,11 @@ inline void check_splat_backward(const at::Tensor& fT, const at::Tensor& fn, con
     check_range(fn, 0, max_contrib, op, "n_contrib");
 }
 
-// Longest per-tile list (the most any pixel of the tiled compositor can walk).
+// Longest per-tile list (the most any pixel of the tiled compositor can walk), the bound of
+// check_splat_backward's range check; that check is all it serves, so it reads a GPU tensor only
+// where the check runs.
 inline int64_t longest_tile(const at::Tensor& off) {
-    if (off.numel() < 2) return 0;
+    if (off.numel() < 2 || (!off.is_cpu() && !device_checks())) return 0;
     return (off.slice(0, 1) - off.slice(0, 0, off.numel() - 1)).max().item<int64_t>();
 }
 
