@@ -18,6 +18,7 @@
 #               on an H100/H200), built by three processes at once, then `kernels.build
 #               --require-cuda` loads them and smoke-tests every op (CUDA_LAUNCH_BLOCKING=1)
 #   parity      the CUDA tests against the references and the CPU build, CUDA_LAUNCH_BLOCKING=1
+#               and NF_KERNEL_CHECKS=1 (the front ends also check offsets and index ranges)
 #   train       experiments/gpu_train_check.py: a nerf and a splat job of 200 steps through the
 #               real API and a Celery worker on the GPU (steps/s, samples/s, PSNR; its own lines)
 #   side_stream the CUDA tests with every op on a side stream
@@ -202,7 +203,7 @@ if [ $REHEARSAL -eq 1 ]; then
   done
   [ "$n" -gt 0 ] || status=1
 else
-  run_stage parity 25 env CUDA_LAUNCH_BLOCKING=1 "${PYTEST[@]}" "${CUDA_TESTS[@]}"
+  run_stage parity 25 env CUDA_LAUNCH_BLOCKING=1 NF_KERNEL_CHECKS=1 "${PYTEST[@]}" "${CUDA_TESTS[@]}"
 fi
 
 # ---------------------------------------------------------------------------------- train
