@@ -1,4 +1,5 @@
-# Two entry points: `make run` (API + embedded worker, no Redis/Docker/GPU needed) and `make test`.
+# Two entry points: `make run` (API + embedded worker, no Redis/Docker/GPU needed) and `make test`
+# (`make test-fast` for the edit loop).
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,8 +11,17 @@ TORCH_VERSION ?= 2.13.0
 TORCH_BUILD ?= auto
 TORCH_INDEX_URL ?=
 PYTEST_ARGS ?=
+# Test processes side by side (pytest-xdist), whole files to each so module fixtures start once:
+# most tests wait on their uvicorn and Celery subprocesses, Redis, PostgreSQL or Chromium, so
+# more processes than this 2-core machine's cores pay. Tests marked `alone` (they judge wall
+# time) run after them, one at a time.
+TEST_WORKERS ?= 4
+XDIST = -n $(TEST_WORKERS) --dist loadfile
+# The project's bytecode, written once up front: with PYTHONDONTWRITEBYTECODE set (as on this
+# machine) every API, worker and CLI process the tests start would compile its modules again.
+PYC = $(PY) -m compileall -q -j 0 api_schemas core service worker kernels tests experiments clients/python/src >/dev/null
 
-.PHONY: run test install system-deps clean-data
+.PHONY: run test test-fast install system-deps clean-data
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -39,10 +49,25 @@ run: install
 system-deps:
 	bash scripts/system_deps.sh
 
-# The kernels are compiled once up front, so no test's first training pays for the build.
+# The kernels are compiled once up front, so no test's first training pays for the build (and
+# no two test processes build at once). Both runs always run; the first failure's status is
+# make's. Exit status 5 (nothing collected: PYTEST_ARGS named no such test) is not a failure.
 test: install system-deps
 	$(PY) -m kernels.build
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@$(PYC)
+	@rc=0; \
+	echo "== pytest $(XDIST) -m 'not alone' $(PYTEST_ARGS)"; \
+	$(PY) -m pytest $(XDIST) -m "not alone" $(PYTEST_ARGS) || rc=$$?; \
+	[ $$rc -eq 5 ] && rc=0; \
+	echo "== pytest -m alone $(PYTEST_ARGS)"; \
+	$(PY) -m pytest -m alone $(PYTEST_ARGS) || { a=$$?; [ $$a -eq 5 ] || [ $$rc -ne 0 ] || rc=$$a; }; \
+	exit $$rc
+
+# The edit loop: everything but the heavy end-to-end tests (`slow`) and the `alone` ones.
+test-fast: install system-deps
+	$(PY) -m kernels.build
+	@$(PYC)
+	$(PY) -m pytest $(XDIST) -m "not slow and not alone" $(PYTEST_ARGS)
 
 clean-data:
 	rm -rf data

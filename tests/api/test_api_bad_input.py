@@ -158,7 +158,10 @@ def test_not_multipart(api):
 
 
 @pytest.mark.parametrize("path", ["/v1/jobs/{id}", "/v1/jobs/{id}/cancel", "/v1/jobs/{id}/render"])
-@pytest.mark.parametrize("job_id", [str(uuid.uuid4()), "not-a-uuid", "..%2F..%2Fetc"])
+# A fixed id for the fresh uuid: every xdist worker must collect the same test names.
+@pytest.mark.parametrize(
+    "job_id", [pytest.param(str(uuid.uuid4()), id="unused-uuid"), "not-a-uuid", "..%2F..%2Fetc"]
+)
 def test_unknown_job_is_404(api, path, job_id):
     url = path.format(id=job_id)
     r = (

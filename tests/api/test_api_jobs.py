@@ -11,6 +11,8 @@ import pytest
 
 from tests.support.stack import png_bytes
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 LONG = {"steps": 100_000, "resolution": 16}
 
 

@@ -14,6 +14,8 @@ from PIL import Image
 import core.photos  # noqa: F401  (registers the HEIF reader)
 from tests.support.stack import png_bytes
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 TRAIN = {"steps": 700, "resolution": 32}
 
 

@@ -145,6 +145,7 @@ def test_local_artifacts_never_follow_links(stack_factory):
     assert stack.client.get(f"/v1/jobs/{job_id}/artifacts").json()["items"] == []
 
 
+@pytest.mark.slow
 def test_a_trained_job_on_s3_serves_its_render_from_the_bucket(stack_factory, s3_bucket):
     stack = stack_factory(env=s3_bucket.env)
     job_id = stack.submit(png_bytes(16, 16), config={"steps": 20, "resolution": 16}).json()["id"]
@@ -224,6 +225,7 @@ def test_direct_uploads_need_object_storage(stack_factory):
     assert stack.client.get("/v1/jobs").json()["total"] == 0
 
 
+@pytest.mark.slow
 def test_cli_submit_direct_sends_the_parts_to_the_bucket(stack_factory, s3_bucket, tmp_path):
     from tests.clients.test_cli import nf
 

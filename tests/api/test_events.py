@@ -13,6 +13,8 @@ from httpx_sse import connect_sse
 
 from tests.support.stack import png_bytes
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 # Long enough for several progress events (the worker writes one every 0.5 s), short enough
 # to keep the module around half a minute on a shared 2-core machine.
 SHORT = {"steps": 900, "resolution": 32}

@@ -7,11 +7,14 @@ import json
 import time
 
 import httpx
+import pytest
 from httpx_sse import connect_sse
 
 from service.api.routes.events import IDLE_S
 from tests.support.databases import postgres_database
 from tests.support.stack import png_bytes
+
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
 
 
 def test_stream_and_listing_on_postgresql(stack_factory):

@@ -14,7 +14,7 @@ from PIL import Image
 
 from tests.support.scenes import scene_upload, train_scene
 
-pytestmark = pytest.mark.fake_cuda
+pytestmark = [pytest.mark.fake_cuda, pytest.mark.slow]
 
 NERF = {
     "steps": 30,

@@ -125,6 +125,7 @@ def test_large_photos_are_downsized_to_the_training_size(api, capture):
     assert cams["aabb"][1] == [4.0] * 3 and len(cams["frames"]) == 60
 
 
+@pytest.mark.slow
 def test_large_photos_train_at_the_downscaled_size(tmp_path_factory, capture):
     from PIL import Image
 

@@ -9,9 +9,12 @@ import re
 import time
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.stack import png_bytes
+
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
 
 TOKEN = "scrape-token-0123"
 RID = "req-test-42"

@@ -10,11 +10,14 @@ import io
 import time
 import zipfile
 
+import pytest
 from sqlalchemy import select
 
 from core.db.engine import session
 from core.db.quotas import JobStorage
 from tests.support.stack import png_bytes
+
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
 
 CONFIG = {"steps": 20, "n_init_points": 300, "densify_from": 100, "n_test_renders": 0}
 MB = 1024 * 1024

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 
+import pytest
 from sqlalchemy import select, text
 
 from core.db.engine import session
@@ -168,6 +169,7 @@ def _paused_body(photo: bytes, release: threading.Event):
     yield photo[half:] + f"\r\n--{BOUNDARY}--\r\n".encode()
 
 
+@pytest.mark.slow
 def test_a_slow_upload_is_never_reaped(stack_factory, pg_url):
     from core.db.migrate import upgrade_url
 

@@ -14,9 +14,12 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from service.auth import DEV_KEY
 from tests.support.stack import REPO, auth_headers, child_pids, free_port, png_bytes
+
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
 
 
 def _alive(pid: int) -> bool:

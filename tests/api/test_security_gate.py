@@ -71,6 +71,8 @@ def _json_array(total: int, chunk: int = 64 * 1024):
         time.sleep(0.001)
 
 
+# The answers' 1 s bounds are wall time: run with nothing beside them (`make test`).
+@pytest.mark.alone
 def test_unauthenticated_half_gib_json_is_refused_unread(gated):
     stack, job_id = gated
     status, took, sent = _raw_post(
@@ -88,6 +90,7 @@ def test_unauthenticated_half_gib_json_is_refused_unread(gated):
     assert " 401 " in status and took < 1.0 and sent < 16 * 1024 * 1024, (status, took, sent)
 
 
+@pytest.mark.alone
 def test_json_bodies_are_capped_small_and_only_the_upload_is_large(gated):
     stack, job_id = gated
     key = auth_headers(KEY_A)

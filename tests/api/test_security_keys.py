@@ -332,6 +332,7 @@ def test_access_log_redacts_the_url_key(tmp_path):
     assert KEY_A not in text and KEY_B not in text
 
 
+@pytest.mark.slow
 def test_embedded_mode_uses_the_dev_key_and_says_so(tmp_path):
     import os
     import signal

@@ -12,6 +12,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from core import usage
 from core.settings import Settings
@@ -54,6 +55,7 @@ def _stored(stack: Stack, job_id: str) -> int:
         return s.get(JobStorage, job_id).stored_bytes
 
 
+@pytest.mark.slow
 def test_quotas_hold_across_replicas(stack_factory):
     stack = stack_factory(queues=None, redis_db=7, env=QUOTAS)  # nobody trains: jobs stay queued
     replica = Stack(stack.data_dir, stack.log_dir, stack.env, free_port())

@@ -12,6 +12,7 @@ import sys
 import time
 
 import httpx
+import pytest
 import redis
 import torch
 from safetensors.torch import save_file
@@ -23,12 +24,12 @@ from service.auth import legacy_key_id
 from tests.api.test_security_gate import _json_array, _raw_post
 from tests.support.stack import (
     REDIS_HOST,
-    REDIS_PORT,
     TEST_KEY,
     Stack,
     auth_headers,
     free_port,
     png_bytes,
+    redis_port,
 )
 
 
@@ -61,7 +62,7 @@ def test_key_ids_are_hmacs_and_unsalted_ids_move_to_them(stack_factory):
 
 def test_readyz_checks_at_most_once_a_second(stack_factory):
     stack = stack_factory(queues=None, redis_db=9)
-    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT)
+    client = redis.Redis(host=REDIS_HOST, port=redis_port())
     before = client.info("stats")["total_connections_received"]
     t0 = time.monotonic()
     with httpx.Client(base_url=stack.base_url) as c:
@@ -73,6 +74,7 @@ def test_readyz_checks_at_most_once_a_second(stack_factory):
     assert opened <= seconds + 2, f"{opened} Redis connections for 40 probes in {seconds:.1f} s"
 
 
+@pytest.mark.slow
 def test_stream_cap_holds_across_replicas(stack_factory):
     stack = stack_factory(queues=None, redis_db=10, env={"MAX_STREAMS_PER_KEY": "2"})
     replica = Stack(stack.data_dir, stack.log_dir, stack.env, free_port())
@@ -135,6 +137,7 @@ def test_gate_under_a_path_prefix(stack_factory, tmp_path):
         prefixed.stop_api()
 
 
+@pytest.mark.slow
 def test_worker_exception_text_stays_in_its_log(stack_factory):
     stack = stack_factory()
     r = stack.submit(png_bytes(16, 16), config={"steps": 20, "resolution": 16})
@@ -153,6 +156,7 @@ def test_worker_exception_text_stays_in_its_log(stack_factory):
     assert "marker" not in detail and "/" not in detail.replace("/v1", ""), detail
 
 
+@pytest.mark.slow
 def test_redis_down_is_a_503_without_its_address(stack_factory):
     port = free_port()  # nothing listens there
     stack = stack_factory(queues=None)
@@ -171,6 +175,7 @@ def test_redis_down_is_a_503_without_its_address(stack_factory):
         down.stop_api()
 
 
+@pytest.mark.slow
 def test_job_error_names_no_server_path(stack_factory):
     stack = stack_factory(queues=None)
     job_id = stack.submit(png_bytes(16, 16), config={"steps": 5, "resolution": 16}).json()["id"]

@@ -5,8 +5,12 @@ the checkpoint download goes through with it. The page is served with a Content-
 
 from __future__ import annotations
 
+import pytest
+
 from tests.service.test_web import CHROMIUM, FLAGS, sync_api  # noqa: F401  (skips like test_web)
 from tests.support.stack import TEST_KEY, png_bytes
+
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
 
 
 def test_key_field_unlocks_the_page(fs_stack, tmp_path):

@@ -14,6 +14,8 @@ import pytest
 from core.webhooks import SIGNATURE_HEADER, verify
 from tests.support.stack import TEST_KEY, auth_headers, free_port, png_bytes
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 OTHER_KEY = "other-key-0123456789"
 TINY = {"steps": 40, "resolution": 16}
 FAST = {"WEBHOOK_ALLOW_PRIVATE": "true", "WEBHOOK_RETRY_BASE_S": "0.3", "WEBHOOK_MAX_ATTEMPTS": "3"}

@@ -305,6 +305,7 @@ def test_python_client_waits_renders_and_lists(fs_stack, trained):
 SPLAT = {"steps": 30, "n_init_points": 800, "densify_from": 100, "n_test_renders": 0}
 
 
+@pytest.mark.slow
 def test_scene_job_export_path_and_files(fs_stack, tmp_path):
     """A small splat job through the CLI: submit --wait, export spz, the artifacts, the training
     cameras, an orbit GIF and the viewer's URL."""

@@ -16,6 +16,8 @@ from PIL import Image
 
 from tests.support.stack import REPO, TEST_KEY, png_bytes
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 SERVER_ONLY = ["torch", "pycolmap", "av", "boto3", "psycopg", "fastapi", "celery", "sqlalchemy"]
 # What httpx brings (and what a fresh venv has); anything else came from somewhere it should not.
 EXPECTED = {

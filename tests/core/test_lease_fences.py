@@ -187,6 +187,7 @@ def _via(url: str, relay: Relay) -> str:
     return u.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)
 
 
+@pytest.mark.slow
 def test_a_hanging_renewal_sets_lost_before_another_host_can_claim(pg):
     """Holder A reaches the database through a relay that stops relaying (a proxy gone quiet):
     its renewal call hangs. Its watchdog sets `lost` by the last renewal + TTL - TTL/4; host B

@@ -50,6 +50,7 @@ def _claimer(settings, job: str, start: float, hold: float) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_of_two_processes_claiming_at_once_exactly_one_trains(settings):
     for _ in range(2):
         job = str(uuid.uuid4())

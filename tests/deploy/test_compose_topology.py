@@ -34,7 +34,7 @@ ARTIFACTS = REPO / "test-artifacts" / "compose-topology"
 RENDER_TIMEOUT_S = 4.0
 WORKER_READY = " ready."  # Celery's line once the worker consumes its queue
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 def _photo_png(side: int) -> bytes:

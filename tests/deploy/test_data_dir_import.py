@@ -31,7 +31,7 @@ from tests.support.stack import REPO, TEST_KEY, Stack, free_port
 SECRET = "import-test-secret"
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 
 def _key_id(token: str) -> str:

@@ -88,6 +88,7 @@ def machine_python(tmp_path_factory) -> Path:
     return gpu_machine.make(tmp_path_factory.mktemp("gpu-machine") / "venv")
 
 
+@pytest.mark.slow
 def test_the_wheel_set_holds_only_what_the_machine_lacks_under_its_cap(machine_wheels, tmp_path):
     rc, info, err = wheels_script("--check", str(machine_wheels))
     assert rc == 0 and info["ok"], (info, err)
@@ -115,6 +116,7 @@ def test_the_wheel_set_holds_only_what_the_machine_lacks_under_its_cap(machine_w
     assert any(e.startswith("boto3: not in") for e in info["errors"]), info
 
 
+@pytest.mark.slow
 def test_the_machine_environment_lacks_what_the_machine_lacks(machine_python, tmp_path):
     code = (
         "import importlib.util as u; "
@@ -142,6 +144,7 @@ def test_db_kinds_at_collection_are_the_support_modules():
     assert DB_KINDS == KINDS
 
 
+@pytest.mark.slow
 def test_gpu_check_rehearsal_runs_every_stage_that_needs_no_gpu(
     machine_python, local_wheels, tmp_path
 ):

@@ -37,7 +37,7 @@ from tests.support.databases import postgres_database
 from tests.support.netns import Forwarder, Host, netns_or_skip
 from tests.support.stack import REPO, TEST_KEY, auth_headers, child_pids
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 # The SfM tests' capture: 12 frames at 128 or 16 at 160 pixels register too few photos.
 N_FRAMES, SIZE = 24, 200

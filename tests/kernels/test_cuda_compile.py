@@ -18,6 +18,7 @@ SOURCES = [(ext.name, src) for ext in _ext.EXTENSIONS for src in ext.cuda_source
 ARCHS = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed on this machine (CUDA toolkit absent)")
 @pytest.mark.parametrize("ext,source", SOURCES, ids=[s.name for _, s in SOURCES])
 def test_nvcc_compiles_for_sm80_and_sm90(tmp_path, ext, source):
@@ -51,6 +52,7 @@ def _cuda_include():
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_cuda_include() is None, reason="CUDA toolkit headers not installed")
 @pytest.mark.parametrize("binding", [ext.cuda_binding for ext in _ext.EXTENSIONS])
 def test_cuda_binding_parses(tmp_path, binding):

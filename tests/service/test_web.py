@@ -15,6 +15,8 @@ from PIL import Image
 
 from tests.support.stack import REPO, TEST_KEY, png_bytes
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 # What the page's API key field stores (service/static/js/api.js), set before the page loads.
 KEY_INIT = f"localStorage.setItem('nf.apiKey', {TEST_KEY!r})"
 

@@ -17,6 +17,8 @@ from api_schemas.render import PathRequest
 from tests.service.test_web import ARTIFACTS, CHROMIUM, FLAGS, KEY_INIT, sync_api  # noqa: F401  (skips like test_web)
 from tests.support.scenes import decode, scene_upload, train_scene
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 SIZE = 32
 CONFIG = {
     "steps": 150,

@@ -20,6 +20,8 @@ from PIL import Image
 from experiments.synthetic_scene import Box, Scene, Sphere, look_at, scene_files
 from tests.support.stack import REPO, TEST_KEY
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 if not Path(CHROMIUM).exists():

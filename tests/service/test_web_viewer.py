@@ -24,6 +24,8 @@ from PIL import Image
 from api_schemas.render import PathRequest, RenderRequest
 from tests.service.test_web import ARTIFACTS, CHROMIUM, FLAGS, KEY_INIT, sync_api  # noqa: F401  (skips like test_web)
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 JOB_ID = str(uuid.uuid4())
 NOW = datetime.now(UTC).isoformat()
 CENTER, SCALE = [1.0, 2.0, 3.0], 0.5  # normalisation: p_norm = (p - offset) * scale

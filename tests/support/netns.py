@@ -11,17 +11,34 @@ Needs root (CAP_NET_ADMIN) and `ip`; `netns_or_skip()` says why when they are mi
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 _SUBNET = "10.231"
 _link_lock = threading.Lock()
+# Held across processes (xdist workers, other test runs) from reading the addresses in use to
+# adding the chosen one, so two hosts made at once never pick the same /30.
+_LINK_LOCK_FILE = Path(tempfile.gettempdir()) / "nf-test-netns-links.lock"
+
+
+@contextmanager
+def _links_locked() -> Iterator[None]:
+    with _link_lock, open(_LINK_LOCK_FILE, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _ip(*args: str) -> None:
@@ -48,7 +65,7 @@ class Host:
         outer, inner = f"nfo{suffix}", f"nfi{suffix}"
         _ip("netns", "add", self.name)
         try:
-            with _link_lock:
+            with _links_locked():
                 # A /30 no other link here uses (another test run may hold some at once).
                 used = subprocess.run(
                     ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True

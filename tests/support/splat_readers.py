@@ -12,10 +12,13 @@ absent; a failing install fails the test."""
 
 from __future__ import annotations
 
+import fcntl
 import filecmp
+import hashlib
 import json
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -35,6 +38,19 @@ def installed() -> Path:
             "node/npm are not installed (scripts/system_deps.sh installs them): the splat "
             "exports' npm readers cannot run"
         )
+    # One install at a time (xdist workers, another run of this checkout): concurrent `npm ci`s
+    # into one node_modules break each other; the one that waited then finds it current.
+    with open(Path(tempfile.gettempdir()) / f"nf-splat-readers-{_checkout_tag()}.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        _install(npm)
+    return READERS
+
+
+def _checkout_tag() -> str:
+    return hashlib.sha256(str(READERS.resolve()).encode()).hexdigest()[:12]
+
+
+def _install(npm: str) -> None:
     lock, stamp = READERS / "package-lock.json", READERS / "node_modules" / ".package-lock.json"
     current = stamp.exists() and (READERS / "node_modules" / ".nf-lock").exists()
     if current:
@@ -50,7 +66,6 @@ def installed() -> Path:
         if r.returncode != 0:
             pytest.fail(f"npm ci in {READERS} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
         shutil.copyfile(lock, READERS / "node_modules" / ".nf-lock")
-    return READERS
 
 
 def read(reader: str, path: Path | str) -> dict:

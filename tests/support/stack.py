@@ -4,7 +4,7 @@ Use from any test file (fixtures in tests/conftest.py):
 
     def test_x(stack_factory):
         stack = stack_factory()                     # filesystem broker, worker on train+render
-        stack = stack_factory(redis_db=12)          # Redis 127.0.0.1:6379/12, flushed (skips if no Redis)
+        stack = stack_factory(redis_db=12)          # DB 12 of this process's Redis, flushed (skips if none)
         stack = stack_factory(queues=None)          # API only; stack.start_worker(...) later
         r = stack.client.post("/v1/jobs", files=..., data=...)   # sends the stack's API key
         job = stack.wait_status(job_id, "succeeded")
@@ -13,8 +13,9 @@ Use from any test file (fixtures in tests/conftest.py):
 
 Every stack gets its own temp DATA_DIR (`stack.data_dir`), a free port (`stack.base_url`),
 TORCH_THREADS=1, and is torn down by killing its process groups. Pass `env={...}` for
-settings. Redis users: pick your own DB number (skeleton uses 11) so parallel runs don't
-collide. Process logs are in `stack.log_dir` and printed when a wait times out.
+settings. Redis users: pick a DB number; each pytest process (xdist worker) has a private
+redis-server (redis_port()), so only tests of one process, one at a time, share its DBs.
+Process logs are in `stack.log_dir` and printed when a wait times out.
 """
 
 from __future__ import annotations
@@ -46,8 +47,81 @@ def auth_headers(token: str = TEST_KEY) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-# NF_TEST_REDIS_PORT points the suite at another local Redis, so two checkouts can test at once.
-REDIS_HOST, REDIS_PORT = "127.0.0.1", int(os.environ.get("NF_TEST_REDIS_PORT", "6379"))
+REDIS_HOST = "127.0.0.1"
+# {"wanted": True} once use_private_redis() ran; then "port" (and "proc") once one was asked for.
+_private_redis: dict[str, Any] = {}
+
+
+def use_private_redis() -> None:
+    """From now on redis_port() is a private redis-server of this process (tests/conftest.py
+    asks for it in every pytest process, each xdist worker included)."""
+    _private_redis["wanted"] = True
+
+
+def redis_port() -> int:
+    """The port of the Redis that DB numbers (redis_url_or_skip) live on.
+
+    NF_TEST_REDIS_PORT names a server to use. Otherwise, after use_private_redis(), the process
+    starts a private, unpersisted redis-server on a free port the first time one is asked for, so
+    parallel xdist workers, other checkouts' runs and the machine's own server never flush or
+    count each other's databases; it dies with the process (stop_private_redis, and
+    PR_SET_PDEATHSIG where the process is killed). Else, or without redis-server on PATH, it is
+    the local server at 6379 (experiments' --redis-db; tests skip where none answers)."""
+    if os.environ.get("NF_TEST_REDIS_PORT"):
+        return int(os.environ["NF_TEST_REDIS_PORT"])
+    if not _private_redis.get("wanted"):
+        return 6379
+    if "port" not in _private_redis:
+        _private_redis["port"] = _start_private_redis()
+    return _private_redis["port"]
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: SIGKILL this child when the process that started it dies (PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def _start_private_redis() -> int:
+    import shutil
+    import tempfile
+
+    exe = shutil.which("redis-server")
+    if exe is None:
+        return 6379
+    scratch = tempfile.mkdtemp(prefix="nf-test-redis-")
+    for _ in range(5):  # a free port can be taken between the probe and the bind: try another
+        port = free_port()
+        proc = subprocess.Popen(
+            [exe, "--port", str(port), "--bind", REDIS_HOST, "--save", "", "--appendonly", "no"]
+            + ["--dir", scratch, "--databases", "16", "--logfile", ""],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
+        deadline = time.monotonic() + 10
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                with socket.create_connection((REDIS_HOST, port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        _private_redis["proc"] = proc
+                        return port
+            except OSError:
+                time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+    return 6379
+
+
+def stop_private_redis() -> None:
+    proc = _private_redis.pop("proc", None)
+    _private_redis.clear()
+    if proc is not None:
+        proc.kill()
+        proc.wait()
 
 
 def child_pids(pid: int) -> list[int]:
@@ -74,13 +148,14 @@ def redis_url_or_skip(db: int) -> str:
     """A flushed Redis DB on the local server, or skip the test saying why."""
     import redis
 
-    url = f"redis://{REDIS_HOST}:{REDIS_PORT}/{db}"
+    port = redis_port()
+    url = f"redis://{REDIS_HOST}:{port}/{db}"
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
         client.ping()
         client.flushdb()
     except Exception as exc:
-        pytest.skip(f"no Redis answers at {REDIS_HOST}:{REDIS_PORT} ({exc})")
+        pytest.skip(f"no Redis answers at {REDIS_HOST}:{port} ({exc})")
     return url
 
 

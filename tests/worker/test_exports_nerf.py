@@ -17,6 +17,8 @@ from PIL import Image
 from experiments.synthetic_scene import CAMERA_DISTANCE, FOV_X_DEG, Scene, Sphere, scene_files
 from tests.support.stack import TEST_KEY, auth_headers, stack_maker
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 trimesh = pytest.importorskip("trimesh")
 
 CENTER, RADIUS = np.array([0.3, -0.2, 0.1]), 0.6

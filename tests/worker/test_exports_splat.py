@@ -13,6 +13,8 @@ import pytest
 
 from experiments.synthetic_scene import Scene, Sphere, scene_files
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 trimesh = pytest.importorskip("trimesh")
 
 CENTER, RADIUS = np.array([0.3, -0.2, 0.1]), 0.6

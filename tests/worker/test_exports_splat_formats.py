@@ -23,6 +23,8 @@ from worker.exports.sog import sog_bytes
 from worker.exports.spz import SH_FLIP_RDF_RUB, spz_bytes
 from worker.splat.ply import ply_bytes
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 scipy_spatial = pytest.importorskip("scipy.spatial")
 SH_C0 = 0.28209479177387814
 F = np.array([1.0, -1.0, -1.0])  # the PLY's axes -> SPZ's and glTF's (RUB)

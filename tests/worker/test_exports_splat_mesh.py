@@ -15,6 +15,8 @@ from experiments.synthetic_scene import Scene, Sphere, scene_files
 from tests.worker.test_exports_splat import export
 from worker.splat.ply import read_ply
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 trimesh = pytest.importorskip("trimesh")
 pytest.importorskip("fast_simplification")
 

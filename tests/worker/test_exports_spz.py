@@ -22,6 +22,8 @@ from tests.worker.test_exports_splat import export
 from worker.exports.spz import spz_bytes
 from worker.splat import model as gm
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 gsply = pytest.importorskip("gsply")
 F = np.diag([1.0, -1.0, -1.0])  # PLY's RDF axes -> SPZ's RUB axes
 

@@ -18,6 +18,8 @@ import pytest
 
 from tests.support.stack import free_port, png_bytes
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 
 def _pool_children(pid: int) -> list[int]:
     kids = []
@@ -224,7 +226,9 @@ def test_a_truncated_checkpoint_is_never_loaded(stack_factory):
     stack = stack_factory(
         queues=None, env={"CHECKPOINT_INTERVAL_S": "0.3", "CHECKPOINTS_KEPT": "3"}
     )
-    steps = 1500
+    # Long enough that "two checkpoints, not past 60 %" lasts seconds, not one 0.3 s interval
+    # (~1000 steps/s here): a poll that a loaded machine delays by that much must still see it.
+    steps = 4000
     job_id = stack.submit(png_bytes(24, 16), config={"steps": steps, "resolution": 16}).json()["id"]
     worker = stack.start_worker()
     job_dir = stack.job_dir(job_id)

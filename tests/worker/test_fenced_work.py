@@ -26,6 +26,8 @@ from core.storage import LocalStorage
 from core.store import JobStore
 from tests.support.databases import database
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 HOST_A = """
 import sys, time
 from sqlalchemy import select

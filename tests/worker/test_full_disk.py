@@ -12,6 +12,8 @@ import pytest
 
 from tests.support.stack import png_bytes
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 
 @pytest.fixture
 def small_fs(tmp_path):

@@ -46,6 +46,7 @@ def test_pixel_grid_is_pixel_centres():
     assert psnr_from_mse(0.01) == pytest.approx(20.0)
 
 
+@pytest.mark.slow
 def test_fourier_beats_no_encoding_on_real_photos():
     # Short version of `python -m experiments.pe_gap` (64x64, 2000 steps there).
     torch.set_num_threads(1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from core.storage import LocalStorage
 from core.store import JobStore
 from worker.progress import ProgressReporter
@@ -27,6 +29,7 @@ def test_reports_are_throttled_but_the_last_step_always_lands(tmp_path):
     assert steps == [1, 100]
 
 
+@pytest.mark.alone  # the heartbeat's gaps are wall time: nothing may run beside it
 def test_heartbeat_during_a_slow_step(tmp_path):
     store, job_id = _store(tmp_path)
     with ProgressReporter(store, job_id, interval_s=0.2) as rep:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 REPO = Path(__file__).resolve().parents[2]
 
 # A "step" like a training step's: 24 buffers alive at once, written, then all freed, their size

@@ -26,6 +26,8 @@ from tests.support.scenes import (
     train_scene,
 )
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 SIZE, N_TRAIN, N_TEST = 40, 24, 4
 CONFIG = {
     "steps": 400,
@@ -483,7 +485,14 @@ def test_training_cameras_download_as_a_camera_path_that_renders_them(fs_stack, 
     assert fs_stack.client.get(f"/v1/jobs/{job_id}/camera_path?split=nope").status_code == 404
 
 
-def test_time_budget_bounds_the_job_evaluation_included(fs_stack, trained, scene):
+def test_the_default_budget_is_the_cpu_one(trained):
+    # No time_limit_s: the CPU budget, reported with the metrics.
+    assert trained["job"]["metrics"]["time_limit_s"] == 300.0
+
+
+# Its shares of a 20 s budget are wall time: run with nothing beside it (`make test`).
+@pytest.mark.alone
+def test_time_budget_bounds_the_job_evaluation_included(fs_stack, scene):
     # No steps: the job trains until its budget ends, leaves room for a full-size evaluation,
     # and the ETA reported meanwhile never promises more than the budget holds.
     from worker.budget import allowance
@@ -521,5 +530,3 @@ def test_time_budget_bounds_the_job_evaluation_included(fs_stack, trained, scene
     # Progress counts towards the steps the budget holds, and ends on the steps it held.
     assert all(p["total_steps"] > p["step"] for p in running[:-1] if p["eta_s"] > 1)
     assert job["progress"]["total_steps"] == job["progress"]["step"] == m["steps"]
-    # The default budget (no time_limit_s) is the CPU one, reported with the metrics.
-    assert trained["job"]["metrics"]["time_limit_s"] == 300.0

@@ -12,12 +12,15 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from sqlalchemy import update
 
 from core.db.engine import session
 from core.db.jobs import JobRow
 from core.db.leases import TRAIN, Lease
 from tests.support.stack import child_pids, png_bytes
+
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
 
 LONG = {"steps": 200000, "resolution": 16}
 

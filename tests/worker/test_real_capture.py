@@ -23,9 +23,12 @@ LONG_SIDE = 120
 NERF_FLOOR_DB = 13.0
 MAX_GAP_DB = 3.5
 
-pytestmark = pytest.mark.skipif(
-    not (FOX / "transforms.json").is_file(), reason=f"the fox capture is not at {FOX}"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not (FOX / "transforms.json").is_file(), reason=f"the fox capture is not at {FOX}"
+    ),
+    pytest.mark.slow,
+]
 
 
 def fox_zip() -> bytes:
@@ -52,12 +55,15 @@ def jobs(fs_stack):
     return out
 
 
+# The trainings are judged on what 60 s of wall time bought: nothing may run beside them.
+@pytest.mark.alone
 def test_the_upload_as_it_is_trains_the_photos_it_has(jobs):
     ds = jobs["nerf"]["dataset"]
     assert ds["missing_images"]["count"] == 17  # transforms.json lists 67 frames, 50 are there
     assert ds["n_train"] + ds["n_test"] == 50 and ds["n_test"] == 7
 
 
+@pytest.mark.alone
 def test_nerf_generalises_as_the_splats_do(jobs):
     for kind, job in jobs.items():
         assert job["status"] == "succeeded", (kind, job["error"])

@@ -31,6 +31,8 @@ from tests.support.fork_pool import deliver, start_pool
 from tests.support.stack import redis_url_or_skip
 from worker import reaper
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 ELSEWHERE = "other-host/boot/ns:4242:abc"
 PATH = PathRequest(orbit=Orbit(radius=2.0, n_frames=4), width=8, height=8)
 

@@ -8,9 +8,12 @@ import io
 import time
 import zipfile
 
+import pytest
 import redis
 
 from tests.support.stack import png_bytes
+
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
 
 
 def _photos_zip(n: int = 8) -> bytes:

@@ -15,6 +15,8 @@ from experiments.synthetic_scene import FOV_X_DEG
 from tests.support.scenes import decode, scene_upload, train_scene
 from worker.jobs.scene import TILE_PIXELS
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 WAIT_PIXELS = 2000
 CONFIG = {
     "steps": 60,

@@ -11,6 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from api_schemas.jobs import JobStatus
 from api_schemas.render import RenderRequest
 from api_schemas.tasks import RenderFrameJobTask, RenderPathJobTask
@@ -19,6 +21,8 @@ from core.celery_config import RENDER_QUEUE, send
 from tests.support.fork_pool import deliver, start_pool
 from tests.worker.test_reaper_db import PATH, _job, env  # noqa: F401  (env: fixture)
 from worker import reaper
+
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
 
 FRAME = RenderRequest(width=8, height=8, mode="job")
 

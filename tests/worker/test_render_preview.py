@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from PIL import Image
 
 from tests.support.scenes import scene_upload
+
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
 
 CONFIG = {
     "steps": 100_000,  # cancelled once the preview is seen

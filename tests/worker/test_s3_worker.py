@@ -20,6 +20,8 @@ from PIL import Image
 from tests.support.databases import postgres_database
 from tests.support.stack import png_bytes
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 REDIS_DB = 14
 
 

@@ -16,6 +16,8 @@ from PIL import Image
 from experiments.sfm_capture import make_capture
 from tests.support.stack import stack_maker
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 SIZE = 200
 
 

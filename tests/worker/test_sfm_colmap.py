@@ -14,6 +14,8 @@ from PIL import Image
 from experiments.sfm_capture import make_capture, similarity
 from worker.sfm import colmap
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 N, SIZE = 24, 200
 
 

@@ -16,6 +16,8 @@ import pytest
 from experiments.sfm_capture import align, make_capture, pose_errors, psnr, render_held_out
 from tests.support.stack import stack_maker
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 N_FRAMES, SIZE = 24, 200
 NERF = {
     "steps": 200,

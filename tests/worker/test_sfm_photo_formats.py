@@ -21,6 +21,8 @@ import core.photos  # noqa: F401  (registers the HEIF reader and writer)
 from experiments.sfm_capture import make_capture
 from tests.support.stack import stack_maker
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 N_FRAMES, SIZE = 24, 200
 FORMATS = ("HEIF", "WEBP", "AVIF", "JPEG")
 SUFFIX = {"HEIF": "HEIC", "WEBP": "webp", "AVIF": "avif", "JPEG": "jpg"}

@@ -13,6 +13,8 @@ from PIL import Image
 
 from tests.support.stack import stack_maker
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 LIMIT_S = 1
 # SIFT on noise: ~3 s of feature extraction alone on two threads, well past the limit.
 N, SIZE = 24, 400

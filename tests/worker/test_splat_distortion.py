@@ -22,6 +22,8 @@ from tests.support.scenes import decode, on_white, psnr, train_scene
 from tests.worker.test_splat_job import CONFIG as SPLAT_CONFIG
 from worker.scene.cameras import rays_from_pixels
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 SIZE, N, FOV_X_DEG, DISTANCE = 48, 28, 70.0, 2.0
 LENS = {"k1": -0.4, "k2": 0.12, "p1": 0.002, "p2": -0.001}
 FOCAL = 0.5 * SIZE / math.tan(math.radians(FOV_X_DEG) / 2)

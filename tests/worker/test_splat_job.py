@@ -22,6 +22,8 @@ from tests.support.scenes import (
     train_scene,
 )
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 SIZE, N_TRAIN, N_TEST = 40, 24, 4
 CONFIG = {
     "steps": 400,
@@ -167,6 +169,7 @@ def test_ply_export_and_checkpoint(fs_stack, trained):
     )
 
 
+@pytest.mark.alone  # what 8 s of wall time holds: nothing may run beside it
 def test_default_schedule_fires_within_a_short_budget(fs_stack, scene):
     """The default schedule (3000 steps) follows the time budget when that ends the run first:
     the job's metrics show densification and an opacity reset within 8 s (here 25 steps, two

@@ -15,6 +15,8 @@ from core.settings import Settings
 from core.storage import LocalStorage
 from tests.support.scenes import scene_upload, train_scene
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 CONFIG = {
     "steps": 30,
     "samples_per_step": 4096,

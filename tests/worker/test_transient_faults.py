@@ -26,6 +26,8 @@ from core.storage import LocalStorage
 from core.store import JobStore
 from tests.support.databases import PG_ADMIN, database
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
+
 HOST_A = """
 import sys, time
 import worker.tasks as tasks

@@ -6,8 +6,11 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 
 from tests.support.stack import free_port
+
+pytestmark = pytest.mark.slow  # `make test-fast` leaves it out
 
 TOKEN = "worker-metrics-token-0123"
 
