@@ -23,6 +23,7 @@ DEFAULT_CONE_ANGLE = {"cpu": 1.0 / 64.0, "cuda": 1.0 / 256.0}
 # fewer rays a step, and held-out views score ~3 dB lower) and the near plane.
 SCENE_DISTORTION_LOSS = 0.01
 SCENE_NEAR_DISTANCE = 0.2
+SCENE_MIN_VIEWS = 2
 TIME_LIMIT_HELP = (
     "wall-time budget in seconds from the start of training, test-curve points, checkpoints and "
     "the final evaluation included (the job may end up to max(10 s, 5 %) later); default "
@@ -169,6 +170,15 @@ class NerfConfig(TrainingImages):
         description="cells per side of each occupancy cascade (a power of two); null: 128, or 64 "
         "on a CPU when the scene box is larger than the unit cube (several cascades, whose "
         "updates would otherwise cost a quarter of a CPU step)",
+    )
+    occupancy_min_views: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="training cameras that must see an occupancy cell for it to hold density; "
+        "a region one photo alone sees can hold whatever explains that photo (a floater in front "
+        f"of other views). null: {SCENE_MIN_VIEWS} when the scene box is larger than the unit "
+        "cube, else 1",
     )
     occupancy_update_every: int = Field(16, ge=1, le=10_000)
     occupancy_warmup_steps: int = Field(256, ge=0)

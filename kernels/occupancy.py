@@ -353,9 +353,10 @@ class OccupancyGrid(nn.Module):
         *,
         near: float = 0.0,
         margin: float = 0.01,
+        min_views: int = 1,
         chunk: int = 2**21,
     ) -> int:
-        """Mark the cells no camera sees as UNSEEN, so that they stay empty (instant-ngp's
+        """Mark the cells fewer than `min_views` cameras see (1: no camera) as UNSEEN, so that they stay empty (instant-ngp's
         mark_untrained_density_grid, nerfacc's invisible cells).
 
         A cell is seen when its bounding sphere reaches into a camera's pinhole frustum (the image
@@ -374,6 +375,9 @@ class OccupancyGrid(nn.Module):
             sizes: (M, 2) image width, height in pixels.
             near: depth in front of each camera where its view begins.
             margin: fraction of the width (height) added to each side of every image.
+            min_views: how many cameras must see a cell for it to be trained; a cell one photo
+                alone sees is free to hold whatever explains that photo (a floater in front of
+                it) and no other photo says otherwise.
             chunk: cell-camera pairs tested at once (memory is ~20 bytes per pair).
 
         Returns:
@@ -395,9 +399,9 @@ class OccupancyGrid(nn.Module):
             low = torch.tensor(self.center, device=dev) - ext
             r_cell = float((ext / self.resolution).norm())
             # Coarse to fine over morton blocks (block b of a level holds cells [b k^3, (b+1) k^3)):
-            # a block whose ball lies outside some plane of every camera leaves all its cells
-            # unseen, one that a camera's planes hold with room for each cell's ball makes them all
-            # seen; only the rest split into their 8 children. Both shortcuts follow from the
+            # a block whose ball lies outside some plane of all but fewer than min_views cameras
+            # leaves all its cells unseen, one that min_views cameras' planes hold with room for
+            # each cell's ball makes them all seen; only the rest split into their 8 children. Both shortcuts follow from the
             # cell test (planes are 1-Lipschitz, a cell's ball sits inside its block's), so the
             # result is the cell-by-cell test's.
             blocks = torch.zeros(1, dtype=torch.int64, device=dev)
@@ -411,8 +415,8 @@ class OccupancyGrid(nn.Module):
                     ids = blocks[s : s + step]
                     dist = torch.addmm(offsets, centres[s : s + step], normals)
                     worst = dist.view(ids.numel(), m_n, 5).amax(2)  # (n, M): farthest outside
-                    whole = (worst <= 2 * r_cell - r_block).any(1)
-                    some = (worst <= r_block).any(1)
+                    whole = (worst <= 2 * r_cell - r_block).sum(1) >= min_views
+                    some = (worst <= r_block).sum(1) >= min_views
                     unseen[c].view(-1, k**3)[ids[whole]] = False
                     split.append(ids[some & ~whole])
                 mixed = torch.cat(split)

@@ -46,7 +46,7 @@ def test_trainer_keeps_cells_no_training_camera_sees_empty(tmp_path):
     write_scene(tmp_path, frames, source_format="test", aabb_scale=4)
     meta = read_meta(tmp_path)
     data = Dataset(tmp_path, "train", meta)
-    cfg = NerfConfig(**CONFIG).model_dump(mode="json")
+    cfg = NerfConfig(**CONFIG, occupancy_min_views=1).model_dump(mode="json")  # seen by one view
     trainer = NerfTrainer(cfg, meta, "cpu", data)
     grid = trainer.grid
     unseen = grid.density < 0

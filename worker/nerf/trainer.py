@@ -15,6 +15,7 @@ from api_schemas.nerf import (
     DEFAULT_CONE_ANGLE,
     DEFAULT_SAMPLES_PER_STEP,
     SCENE_DISTORTION_LOSS,
+    SCENE_MIN_VIEWS,
     SCENE_NEAR_DISTANCE,
     NerfConfig,
 )
@@ -52,7 +53,7 @@ def cone_angle(config: NerfConfig, half: float, device=None) -> float:
     return DEFAULT_CONE_ANGLE[device_type(device)] if device is not None else 1.0 / 256.0
 
 
-def scene_defaults(config: NerfConfig, half: float) -> dict[str, float]:
+def scene_defaults(config: NerfConfig, half: float) -> dict[str, float | int]:
     """The distortion loss and near distance of the config, or the defaults for its scene box:
     SCENE_* past the unit cube (a capture with a background), 0 for an object in its box."""
     scene = half > 1.0
@@ -63,6 +64,9 @@ def scene_defaults(config: NerfConfig, half: float) -> dict[str, float]:
         "near_distance": config.near_distance
         if config.near_distance is not None
         else (SCENE_NEAR_DISTANCE if scene else 0.0),
+        "occupancy_min_views": config.occupancy_min_views
+        if config.occupancy_min_views is not None
+        else (SCENE_MIN_VIEWS if scene else 1),
     }
 
 
@@ -235,7 +239,9 @@ class NerfTrainer:
         intrinsics, sizes = views
         # The cameras' planes are computed where the dataset lives (the host) and the grid
         # takes them to its device.
-        self.grid.mark_unseen(data.c2w, intrinsics, sizes)
+        self.grid.mark_unseen(
+            data.c2w, intrinsics, sizes, min_views=self.config.occupancy_min_views
+        )
         log.info("occupancy grid: %.1f %% of the cells unseen", 100 * self.unseen_fraction)
 
     @property
