@@ -356,8 +356,8 @@ class OccupancyGrid(nn.Module):
         min_views: int = 1,
         chunk: int = 2**21,
     ) -> int:
-        """Mark the cells fewer than `min_views` cameras see (1: no camera) as UNSEEN, so that they stay empty (instant-ngp's
-        mark_untrained_density_grid, nerfacc's invisible cells).
+        """Mark the cells fewer than `min_views` cameras see (1: no camera) as UNSEEN, so that
+        they stay empty (instant-ngp's mark_untrained_density_grid, nerfacc's invisible cells).
 
         A cell is seen when its bounding sphere reaches into a camera's pinhole frustum (the image
         grown by `margin`, from depth `near` on; `frustum_planes`). The sphere keeps the test
@@ -401,9 +401,9 @@ class OccupancyGrid(nn.Module):
             # Coarse to fine over morton blocks (block b of a level holds cells [b k^3, (b+1) k^3)):
             # a block whose ball lies outside some plane of all but fewer than min_views cameras
             # leaves all its cells unseen, one that min_views cameras' planes hold with room for
-            # each cell's ball makes them all seen; only the rest split into their 8 children. Both shortcuts follow from the
-            # cell test (planes are 1-Lipschitz, a cell's ball sits inside its block's), so the
-            # result is the cell-by-cell test's.
+            # each cell's ball makes them all seen; only the rest split into their 8 children.
+            # Both shortcuts follow from the cell test (planes are 1-Lipschitz, a cell's ball sits
+            # inside its block's), so the result is the cell-by-cell test's.
             blocks = torch.zeros(1, dtype=torch.int64, device=dev)
             for level in range(levels + 1):
                 k = 1 << (levels - level)
