@@ -13,9 +13,11 @@ TORCH_INDEX_URL ?=
 PYTEST_ARGS ?=
 # Test processes side by side (pytest-xdist), whole files to each so module fixtures start once:
 # most tests wait on their uvicorn and Celery subprocesses, Redis, PostgreSQL or Chromium, so
-# more processes than this 2-core machine's cores pay. Tests marked `alone` (they judge wall
-# time) run after them, one at a time.
-TEST_WORKERS ?= 4
+# more processes than this 2-core machine's cores pay. Its tests but the `alone` ones took, with
+# nothing else running, 453 s on 4 processes (507 on 3, 490 on 6); beside a training on two
+# threads, 805 s on 4, 544 on 5, 567 on 6. Tests marked `alone` (they judge wall time) run
+# after them, one at a time.
+TEST_WORKERS ?= 5
 XDIST = -n $(TEST_WORKERS) --dist loadfile
 # The project's bytecode, written once up front: with PYTHONDONTWRITEBYTECODE set (as on this
 # machine) every API, worker and CLI process the tests start would compile its modules again.
