@@ -44,6 +44,20 @@ def trained(fs_stack):
     return job
 
 
+def photo_brightness() -> float:
+    """The mean brightest channel (0-255) of the sphere's pixels in the training photos."""
+    from PIL import Image
+
+    files = scene_files(48, 24, 1, seed=4, scene=SCENE)
+    px = [
+        np.asarray(Image.open(io.BytesIO(data)).convert("RGBA"), dtype=float).reshape(-1, 4)
+        for name, data in files.items()
+        if name.startswith("train/")
+    ]
+    px = np.concatenate(px)
+    return float(px[px[:, 3] > 250, :3].max(1).mean())
+
+
 def load(data: bytes, file_type: str) -> trimesh.Trimesh:
     mesh = trimesh.load(io.BytesIO(data), file_type=file_type, force="mesh")
     assert isinstance(mesh, trimesh.Trimesh) and len(mesh.faces) > 0
@@ -77,9 +91,11 @@ def test_mesh_lies_on_the_known_surface(fs_stack, trained):
     assert np.all(mesh.bounds[0] < CENTER - 0.8 * RADIUS) and np.all(
         mesh.bounds[1] > CENTER + 0.8 * RADIUS
     )
-    # vertex colours come from the renders: the sphere is red and blue, never the black behind
+    # vertex colours come from the renders: the sphere's red and blue, never the black behind, and
+    # about as bright as the photos show it (its shaded side included)
     colours = np.asarray(mesh.visual.vertex_colors)[:, :3].astype(float)
-    assert colours.max(1).mean() > 100
+    assert np.mean(colours[:, 1] < colours[:, [0, 2]].max(1)) > 0.95  # green never dominates
+    assert colours.max(1).mean() > 0.6 * photo_brightness(), (colours.max(1).mean(), photo_brightness())
 
     for fmt in ("ply", "obj"):
         state, data = export(
