@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.security import HTTPBearer
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api_schemas.jobs import Job
 from core.settings import Settings
@@ -65,25 +65,22 @@ def _unauthorized(detail: str) -> HTTPException:
     return HTTPException(401, detail, headers={"WWW-Authenticate": 'Bearer realm="nf"'})
 
 
-async def require_key(request: Request, _scheme=Depends(bearer_scheme)) -> ApiKey:
+async def require_key(
+    request: Request,
+    _scheme: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> ApiKey:
     key = getattr(request.state, "api_key", None)
     if key is None:  # only when the gate is not installed (never in create_app)
         raise _unauthorized("an API key is required: send `Authorization: Bearer <key>`")
     return key
 
 
-async def require_job_owner(request: Request, key: ApiKey = Depends(require_key)) -> None:
+async def require_job_owner(request: Request, key: KeyDep, store: StoreDep) -> None:
     """A job of another key is answered exactly like a missing one. Only for routes whose path
     has {job_id} (app.py checks that at start-up)."""
-    raw = request.path_params["job_id"]
-    store: JobStore = request.app.state.store
-    job_id = job_id_param(raw)
+    job_id = job_id_param(request.path_params["job_id"])
     if not await run_in_threadpool(owns, store, job_id, key):
         raise HTTPException(404, f"job {job_id} not found")
-
-
-async def current_key(key: ApiKey = Depends(require_key)) -> ApiKey:
-    return key
 
 
 GUARDS = [Depends(require_key)]
@@ -96,4 +93,4 @@ SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 StorageDep = Annotated[Storage, Depends(get_storage)]
 StoreDep = Annotated[JobStore, Depends(get_store)]
 QueueDep = Annotated[TaskQueue, Depends(get_queue)]
-KeyDep = Annotated[ApiKey, Depends(current_key)]
+KeyDep = Annotated[ApiKey, Depends(require_key)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Response
 
 from api_schemas.exports import (
     FORMATS_BY_KIND,
@@ -18,14 +18,10 @@ from api_schemas.exports import (
 from api_schemas.jobs import JobKind, JobStatus
 from core.exports import ExportNotFound, ExportStore
 from core.settings import Settings
-from service.api.deps import JOB_GUARDS, QueueDep, SettingsDep, StoreDep, get_storage, load_job
+from service.api.deps import JOB_GUARDS, QueueDep, SettingsDep, StorageDep, StoreDep, load_job
 from service.api.routes.render import rate_limited
 
 router = APIRouter(prefix="/v1/jobs", tags=["exports"], dependencies=JOB_GUARDS)
-
-
-def _exports(request: Request) -> ExportStore:
-    return ExportStore(get_storage(request))
 
 
 def _check_options(req: ExportRequest, settings: Settings, kind: JobKind) -> dict:
@@ -64,9 +60,9 @@ def _check_options(req: ExportRequest, settings: Settings, kind: JobKind) -> dic
 def create_export(
     job_id: str,
     req: ExportRequest,
-    request: Request,
     response: Response,
     store: StoreDep,
+    storage: StorageDep,
     settings: SettingsDep,
     queue: QueueDep,
 ) -> Export:
@@ -81,7 +77,7 @@ def create_export(
     options = _check_options(req, settings, job.kind)
     if job.status != JobStatus.succeeded:
         raise HTTPException(409, f"job is {job.status.value}; exports need a succeeded job")
-    exports = _exports(request)
+    exports = ExportStore(storage)
     export, created = exports.create_or_get(job.id, req.format, options)
     response.headers["Location"] = f"/v1/jobs/{job.id}/exports/{export.id}"
     if not created:
@@ -99,15 +95,15 @@ def create_export(
 
 
 @router.get("/{job_id}/exports", response_model=ExportList, summary="The job's exports")
-def list_exports(job_id: str, request: Request, store: StoreDep) -> ExportList:
+def list_exports(job_id: str, store: StoreDep, storage: StorageDep) -> ExportList:
     job = load_job(store, job_id)
-    return ExportList(items=_exports(request).list(job.id))
+    return ExportList(items=ExportStore(storage).list(job.id))
 
 
 @router.get("/{job_id}/exports/{export_id}", response_model=Export, summary="One export's state")
-def get_export(job_id: str, export_id: str, request: Request, store: StoreDep) -> Export:
+def get_export(job_id: str, export_id: str, store: StoreDep, storage: StorageDep) -> Export:
     job = load_job(store, job_id)
     try:
-        return _exports(request).get(job.id, export_id)
+        return ExportStore(storage).get(job.id, export_id)
     except ExportNotFound:
         raise HTTPException(404, f"job {job.id} has no export {export_id!r}") from None

@@ -73,10 +73,10 @@ async def charge_pixels(request: Request, key: ApiKey, pixels: int) -> None:
         )
 
 
-async def rate_limited(request: Request, key: KeyDep) -> None:
+async def rate_limited(request: Request, key: KeyDep, settings: SettingsDep) -> None:
     """For other worker-side calls on a trained job (exports): each costs one frame of
     MAX_RENDER_PIXELS from the same pixel bucket."""
-    await charge_pixels(request, key, request.app.state.settings.max_render_pixels)
+    await charge_pixels(request, key, settings.max_render_pixels)
 
 
 def _caps(settings: Settings, width: int, height: int, frames: int = 1) -> None:
