@@ -22,7 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api_schemas.exports import Export, ExportFormat, ExportStatus
-from core import leases, retry
+from core import leases
 from core.db import migrate
 from core.db.engine import database_url, db_now, session
 from core.db.exports import ExportRow
@@ -175,7 +175,7 @@ class ExportStore:
         transient database errors until it is lost."""
         if self._fence is None:
             return self._update(job_id, eid, fields)
-        return retry.fenced(
+        return leases.fenced(
             self._fence, lambda: self._update(job_id, eid, fields), f"writing export {eid}"
         )
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
@@ -36,6 +37,7 @@ from core.db.engine import db_now, insert_if_missing, session
 from core.db.leases import Lease
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def utcnow() -> datetime:
@@ -120,6 +122,21 @@ class Claim:
     # Set by `held` when the lease stopped being this holder's (taken over), or could not be
     # renewed for a whole TTL (so another host may have taken it): the body should stop.
     lost: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+
+
+def fenced(claim: Claim | None, fn: Callable[[], T], what: str, deadline_s: float = 300.0) -> T:
+    """`retry.retrying` for a write made under a lease's `claim` (None: a plain `retrying`):
+    tries stop once the claim is lost (LeaseLost), which its watchdog sets when renewals fail
+    too."""
+    if claim is None:
+        return retry.retrying(fn, what, deadline_s=deadline_s)
+    return retry.retrying(
+        fn,
+        what,
+        stop=claim.lost.is_set,
+        on_stop=lambda: LeaseLost(f"the {claim.kind} lease of {claim.subject} was lost"),
+        deadline_s=deadline_s,
+    )
 
 
 def _ensure_row(s: Session, kind: str, subject: str, job_id: str | None) -> None:

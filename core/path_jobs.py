@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from core import leases, retry
+from core import leases
 from core.db.engine import session
 from core.db.leases import RENDER
 from core.db.renders import RenderRow
@@ -148,7 +148,7 @@ def update(
         raise ValueError(f"render job fields that cannot be set: {sorted(unknown)}")
     if fence is None:
         return _update(paths, render_id, settings, changes, None)
-    return retry.fenced(
+    return leases.fenced(
         fence,
         lambda: _update(paths, render_id, settings, changes, fence),
         f"writing render {render_id}",

@@ -5,7 +5,8 @@ A database that restarts, refuses connections for a while or drops one, an S3 en
 cannot be reached, times out or answers 5xx / SlowDown: each is `transient`. A job's own fault
 (its config, its data, a full disk: the OSErrors of the job's files) is not, and fails the job as
 before. `retrying` calls again with exponential backoff until the call succeeds, `stop()` says to
-give up (the work's lease was lost: LeaseLost), or `deadline_s` passes (the last error raised).
+give up (core/leases.py `fenced`: the work's lease was lost), or `deadline_s` passes (the last
+error raised).
 """
 
 from __future__ import annotations
@@ -117,19 +118,3 @@ def retrying(
         if stop is not None and stop():
             raise on_stop() if on_stop is not None else RuntimeError(f"{what}: stopped")
         delay = min(delay * 2, max_s)
-
-
-def fenced(claim, fn: Callable[[], T], what: str, deadline_s: float = 300.0) -> T:
-    """`retrying` for a write made under a lease's `claim` (None: a plain `retrying`): tries
-    stop once the claim is lost (LeaseLost), which its watchdog sets when renewals fail too."""
-    if claim is None:
-        return retrying(fn, what, deadline_s=deadline_s)
-    from core.leases import LeaseLost
-
-    return retrying(
-        fn,
-        what,
-        stop=claim.lost.is_set,
-        on_stop=lambda: LeaseLost(f"the {claim.kind} lease of {claim.subject} was lost"),
-        deadline_s=deadline_s,
-    )

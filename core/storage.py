@@ -447,16 +447,6 @@ class LocalStorage(Storage):
             return None
 
 
-def __getattr__(name: str):
-    # `from core.storage import get_storage` of callers written before the factory moved to
-    # core/storage_factory.py (worker/tasks.py); new code imports it from there.
-    if name == "get_storage":
-        from core.storage_factory import get_storage
-
-        return get_storage
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # An absolute path in an exception's text (FileNotFoundError and the like) shows clients the
 # server's layout: a job's own files are named relative to its folder, any other by its name.
 _ABS_PATH = re.compile(r"(?<![\w.:/~])/(?:[^\s'\":,()/]+/)+[^\s'\":,()/]*")

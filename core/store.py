@@ -40,7 +40,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from api_schemas.jobs import Job, JobKind, JobStatus, Progress
-from core import leases, retry
+from core import leases
 from core.db import migrate
 from core.db.engine import database_url, db_now, engine_for_url, session
 from core.db.exports import ExportRow
@@ -174,10 +174,10 @@ class JobStore:
 
     def _retried(self, fn: Callable[[], Any], what: str) -> Any:
         """A fenced store's write: transient database errors retried with backoff for as long
-        as the lease is held (core/retry.py); an unfenced one is tried once."""
+        as the lease is held (`leases.fenced`); an unfenced one is tried once."""
         if self._fence is None:
             return fn()
-        return retry.fenced(self._fence, fn, what)
+        return leases.fenced(self._fence, fn, what)
 
     def _notify(self, job: Job) -> None:
         for listener in self.listeners:

@@ -1,5 +1,6 @@
-"""The package arrows of docs/architecture.md, checked on the source (an AST walk over every
-import, function-level ones included), and the style the tree is kept in (ruff)."""
+"""The package arrows of docs/architecture.md and no import circle inside a package, checked on
+the source (an AST walk over every import, function-level ones included), and the style the tree
+is kept in (ruff)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,89 @@ def test_the_walk_sees_function_level_imports(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n    from worker.jobs import x\n    import torch.nn\n")
     assert {root for root, _ in imported_roots(probe)} == {"worker", "torch"}
+
+
+def module_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """module -> the package's modules it imports (function-level and relative imports too):
+    `from a import b` points at a.b where that is a module, else at a."""
+    paths = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for module, path in paths.items():
+        here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(
+                    [*here[: len(here) - node.level + 1], node.module or ""]
+                    if node.level
+                    else [node.module or ""]
+                ).strip(".")
+                targets |= {
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names
+                }
+        graph[module] = {t for t in targets if t in paths and t != module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_no_import_cycles_within_a_package(package):
+    """A lazy import inside a function counts: it only moves the circle to run time."""
+    graph = module_graph(REPO, package)
+    assert sum(map(len, graph.values())) > (10 if package == "core" else 0)  # the walk sees them
+    cycles = import_cycles(graph)
+    assert not cycles, "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_finds_lazy_and_relative_circles(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    for name, text in {
+        "__init__.py": "",
+        "a.py": "from pkg import b\n",
+        "b.py": "def f():\n    from pkg.a import x\n",
+        "c.py": "import pkg.a\nfrom pkg.sub import d\n",
+        "sub/__init__.py": "",
+        "sub/d.py": "from .. import c\n",
+        "sub/e.py": "from . import d\nfrom pkg import a\n",
+    }.items():
+        (pkg / name).write_text(text)
+    graph = module_graph(tmp_path, "pkg")
+    assert graph["pkg.sub.d"] == {"pkg.c"} and graph["pkg.sub.e"] == {"pkg.sub.d", "pkg.a"}
+    assert import_cycles(graph) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.sub.d"]]
 
 
 def test_installed_packages_are_the_ones_the_arrows_cover():

@@ -35,7 +35,8 @@ from core.db.leases import SFM, TRAIN
 from core.process import set_parent_death_signal
 from core.scene_format import CAMERAS_FILE
 from core.settings import get_settings
-from core.storage import Storage, get_storage, without_paths
+from core.storage import Storage, without_paths
+from core.storage_factory import get_storage
 from core.store import CancelFlag, JobNotFound, JobStore
 from core.webhook_sender import start_sender
 from worker.app import app, limit_torch_threads
