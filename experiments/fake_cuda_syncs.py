@@ -25,8 +25,6 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-
 NERF = dict(
     samples_per_step=4096,
     max_rays_per_step=256,
@@ -95,14 +93,11 @@ def _report(kind: str, spent, steps: int) -> float:
 
 def measure(steps: int = 40, warmup: int = 10) -> dict[str, float]:
     """Synchronisations per step (explicit + implicit) of each job kind on the fake device."""
-    import tests.support.fake_cuda as fake
     from experiments.synthetic_scene import scene_files
     from tests.support.fake_cuda import fake_cuda
     from worker.nerf.trainer import NerfTrainer
     from worker.splat.trainer import SplatTrainer
 
-    # Call sites are named for files under the repository root (the whole checkout, not tests/).
-    fake._REPO = str(REPO)
     cuda = torch.device("cuda")
     files = scene_files(size=32, n_train=12, n_test=2, seed=3)
     total = steps + warmup

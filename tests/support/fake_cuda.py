@@ -44,7 +44,7 @@ from torch.overrides import TorchFunctionMode
 
 ENV = "NF_FAKE_CUDA"
 _MARK = "_nf_fake_cuda"
-_REPO = str(Path(__file__).resolve().parent.parent)
+_REPO = str(Path(__file__).resolve().parents[2])  # call sites are named under the checkout
 _THIS = str(Path(__file__).resolve())
 CUDA = torch.device("cuda", 0)
 

@@ -6,7 +6,6 @@ host synchronisations a training step makes on that path (`pytest -m fake_cuda -
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,15 +82,6 @@ def intake(tmp_path, files, config, kind: str):
 # tile lists' size and the loss. A refinement (densify and prune) adds at most REFINE_SYNCS.
 STEP_SYNCS = 2
 REFINE_SYNCS = 4
-
-
-@pytest.fixture(autouse=True)
-def sites_in_the_repo(monkeypatch):
-    # The counts name call sites under the whole checkout (the module's default is tests/ alone),
-    # so a bound that fails says where the synchronisation came from.
-    import tests.support.fake_cuda as fake
-
-    monkeypatch.setattr(fake, "_REPO", str(Path(__file__).resolve().parents[2]))
 
 
 def all_syncs(spent) -> int:
