@@ -95,7 +95,10 @@ def test_mesh_lies_on_the_known_surface(fs_stack, trained):
     # about as bright as the photos show it (its shaded side included)
     colours = np.asarray(mesh.visual.vertex_colors)[:, :3].astype(float)
     assert np.mean(colours[:, 1] < colours[:, [0, 2]].max(1)) > 0.95  # green never dominates
-    assert colours.max(1).mean() > 0.6 * photo_brightness(), (colours.max(1).mean(), photo_brightness())
+    assert colours.max(1).mean() > 0.6 * photo_brightness(), (
+        colours.max(1).mean(),
+        photo_brightness(),
+    )
 
     for fmt in ("ply", "obj"):
         state, data = export(
