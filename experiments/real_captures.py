@@ -17,6 +17,8 @@ import argparse
 import io
 import json
 import os
+import signal
+import sys
 import tempfile
 import time
 import zipfile
@@ -76,6 +78,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     import tests.support.stack as stack_mod
+
+    # SIGTERM as an exception, so `finally` stops the service and worker this run started
+    # (the default action ends the process at once and leaves them running, reparented).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
     kernels = os.environ.get("KERNELS_BUILD_DIR") or str(stack_mod.REPO / ".kernels-build")
     env = {
