@@ -95,6 +95,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=0, help="train this many steps instead")
     ap.add_argument("--extra", default="", help="JSON merged into transforms.json")
+    ap.add_argument(
+        "--test-views", type=int, default=0, help="score this many evenly spaced held-out views"
+    )
     a = ap.parse_args(argv)
 
     import torch
@@ -133,7 +136,11 @@ def main(argv=None) -> int:
         if a.save:
             save = Path(a.save) / name
             save.mkdir(parents=True, exist_ok=True)
-        held = score(tr, test, range(len(test.frames)), save)
+        n_test = len(test.frames)
+        idx = range(n_test)
+        if 0 < a.test_views < n_test:
+            idx = np.linspace(0, n_test - 1, a.test_views).round().astype(int).tolist()
+        held = score(tr, test, idx, save)
         trs = score(tr, train, tv, save) if tv else []
         p = [x[0] for x in held]
         print(

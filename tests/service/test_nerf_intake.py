@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from api_schemas.nerf import NerfConfig
 from core.settings import Settings
 from experiments.synthetic_scene import scene_files
 from service.intake import IntakeError
@@ -292,7 +293,7 @@ def test_config_aabb_override_and_defaults(tmp_path, blender):
         tmp_path, zip_bytes(blender), config={"aabb_scale": 2, "steps": 10}
     )
     assert cams["aabb"] == [[-2, -2, -2], [2, 2, 2]]
-    assert cfg["steps"] == 10 and cfg["aabb_scale"] == 2 and cfg["lr"] == 1e-2
+    assert cfg["steps"] == 10 and cfg["aabb_scale"] == 2 and cfg["lr"] == NerfConfig().lr
 
 
 def test_mixed_sizes_with_per_frame_intrinsics_are_fine(tmp_path, blender):

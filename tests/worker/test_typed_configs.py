@@ -183,7 +183,7 @@ def test_a_checkpoint_written_with_an_older_config_shape_renders_and_resumes(tmp
     )
     JOB.resume(ctx, resumed)
     assert resumed.step == 2
-    other = NerfTrainer(job_cfg.model_copy(update={"lr": 0.02}), meta, "cpu")
+    other = NerfTrainer(job_cfg.model_copy(update={"lr": 2 * job_cfg.lr}), meta, "cpu")
     ctx.config = other.requested_config
     JOB.resume(ctx, other)
     assert other.step == 0  # another config: the checkpoint is not this run's
