@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "binding_checks.h"
+#include "cpu_device.h"
 #include "hash_adam_cpu.h"
 #include "hash_grid_cpu.h"
 #include "marching_cpu.h"
@@ -146,17 +147,7 @@ at::Tensor ray_offsets(at::Tensor ray_indices, int64_t n_rays) {
 
 // ---- the CPU device of ops.h: launchers over raw pointers, as kn_cuda's (launchers.h) -------------
 
-struct Cpu {
-    struct Guard {
-        explicit Guard(const at::Device&) {}
-    };
-
-    template <typename Fn>
-    static void by_dtype(int dtype, Fn&& fn) {
-        if (dtype == 1) return fn((double*)nullptr);
-        return fn((float*)nullptr);
-    }
-
+struct Cpu : kn_ops::CpuDevice {
     static void hash_grid_forward(int D, int F, int dtype, const void* x, const void* table,
                                   const kn::HashGridMeta& m, void* out, int64_t n) {
         dispatch_grid(D, F, dtype ? at::kDouble : at::kFloat, [&](auto Dc, auto Fc, auto* tag) {

@@ -1,6 +1,6 @@
 // Every compiled op, written once: its schema (torch.library) and its front end (argument checks,
 // output allocation, device guard), templated over the device that runs it. A device is a struct
-// (`Cpu` in cpu_ops.cpp / splat_cpu.cpp, `Cuda` in cuda_device.h) with
+// (`Cpu` in cpu_ops.cpp / splat_cpu.cpp, both on CpuDevice of cpu_device.h; `Cuda` in cuda_device.h) with
 //   - `Guard`: constructed from the tensors' device (a CUDAGuard, or nothing on the CPU);
 //   - one static launch function per name in KN_NERF_LAUNCHES / KN_SPLAT_LAUNCHES, taking the
 //     arguments of the kn_cuda launcher of that name (launchers.h) without the stream;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "binding_checks.h"
+#include "cpu_device.h"
 #include "ops.h"
 #include "splat.h"
 
@@ -157,17 +158,7 @@ void tiled_bwd_cpu(int H, int W, const int64_t* off, const int32_t* ids, const I
 
 // ------------------------------------------------------------------------------------ the CPU device of ops.h
 
-struct Cpu {
-    struct Guard {
-        explicit Guard(const at::Device&) {}
-    };
-
-    template <typename Fn>
-    static void by_dtype(int dtype, Fn&& fn) {
-        if (dtype == 1) return fn((double*)nullptr);
-        return fn((float*)nullptr);
-    }
-
+struct Cpu : kn_ops::CpuDevice {
     template <typename T>
     static Inputs<T> inputs(int64_t n, const void* means, const void* conics, const void* colors, const void* opac) {
         return {(const T*)means, (const T*)conics, (const T*)colors, (const T*)opac, n};
