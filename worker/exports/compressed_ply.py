@@ -22,8 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from worker.exports.common import ExportError
-from worker.exports.splat_files import morton_order, world_table
+from worker.exports.splat_files import morton_order, nonempty_world_table
 from worker.splat.model import SH_C0
 
 CHUNK = 256
@@ -70,10 +69,8 @@ def compressed_ply_bytes(
     min_opacity: float = 0.0,
 ) -> tuple[bytes, int]:
     """(.compressed.ply bytes, number of Gaussians written)."""
-    g = world_table(params, normalization, min_opacity)
+    g = nonempty_world_table(params, normalization, min_opacity)
     n = len(g["means"])
-    if n == 0:
-        raise ExportError(f"no Gaussian is at least {min_opacity:g} opaque: nothing to write")
     order = morton_order(g["means"])
     pos = g["means"][order]
     log_scales = g["log_scales"][order]

@@ -26,8 +26,7 @@ import struct
 import numpy as np
 import torch
 
-from worker.exports.common import ExportError
-from worker.exports.splat_files import world_table
+from worker.exports.splat_files import nonempty_world_table
 from worker.exports.spz import SH_FLIP_RDF_RUB
 from worker.splat.model import SH_C0
 
@@ -48,10 +47,8 @@ def glb_bytes(
     min_opacity: float = 0.0,
 ) -> tuple[bytes, int]:
     """(.glb bytes, number of Gaussians written)."""
-    g = world_table(params, normalization, min_opacity)
+    g = nonempty_world_table(params, normalization, min_opacity)
     n = len(g["means"])
-    if n == 0:
-        raise ExportError(f"no Gaussian is at least {min_opacity:g} opaque: nothing to write")
     pos = g["means"] * FLIP
     wxyz = g["quats"] * np.array([1.0, 1.0, -1.0, -1.0])  # q_x(180) q q_x(180)^-1
     rest = g["sh_rest"] * SH_FLIP_RDF_RUB[: g["sh_rest"].shape[1], None]

@@ -31,8 +31,7 @@ import zipfile
 import numpy as np
 import torch
 
-from worker.exports.common import ExportError
-from worker.exports.splat_files import morton_order, world_table
+from worker.exports.splat_files import morton_order, nonempty_world_table
 
 GENERATOR = "neural-field-service"
 KMEANS_ITERATIONS = 6
@@ -139,10 +138,8 @@ def sog_bytes(
     min_opacity: float = 0.0,
 ) -> tuple[bytes, int]:
     """(.sog bytes, number of Gaussians written)."""
-    g = world_table(params, normalization, min_opacity)
+    g = nonempty_world_table(params, normalization, min_opacity)
     n = len(g["means"])
-    if n == 0:
-        raise ExportError(f"no Gaussian is at least {min_opacity:g} opaque: nothing to write")
     order = morton_order(g["means"])
     g = {k: (v[order] if isinstance(v, np.ndarray) else v) for k, v in g.items()}
     width = math.ceil(math.sqrt(n) / 4) * 4

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from worker.exports.common import bounds, point_cloud_ply
+from worker.exports.common import ExportError, bounds, point_cloud_ply
 from worker.splat.model import SH_C0
 
 SPLAT_DTYPE = np.dtype(
@@ -55,6 +55,17 @@ def world_table(
     out["sh_rest"] = _np(params["sh_rest"])[keep].reshape(len(keep), -1, 3)
     out["degree"] = {0: 0, 3: 1, 8: 2, 15: 3}[out["sh_rest"].shape[1]]
     return out
+
+
+def nonempty_world_table(
+    params: dict[str, torch.Tensor], normalization: dict | None, min_opacity: float = 0.0
+) -> dict:
+    """world_table, for the writers whose format cannot hold zero Gaussians: none left at
+    `min_opacity` is the user's error (ExportError), not an empty file."""
+    g = world_table(params, normalization, min_opacity)
+    if len(g["means"]) == 0:
+        raise ExportError(f"no Gaussian is at least {min_opacity:g} opaque: nothing to write")
+    return g
 
 
 def morton_order(points: np.ndarray, bits: int = 10) -> np.ndarray:
