@@ -142,14 +142,22 @@ def _leased(job_id: str, render_id: str, body: Callable[[Any], None]) -> None:
         log.error("render job %s/%s: its lease was lost; stopped, leaving it", job_id, render_id)
 
 
-@app.task(
-    name=RenderPathJobTask.name,
-    ignore_result=True,
-    acks_late=False,
-    soft_time_limit=get_settings().max_render_job_s,
-)
-def render_path_job(job_id: str, render_id: str, request: dict[str, Any]) -> None:
-    _leased(job_id, render_id, lambda claim: _render_path_job(job_id, render_id, request, claim))
+def _render_task(task_cls, render: str):
+    """task_cls's Celery task: this module's function `render` (job_id, render_id, request,
+    claim) under the render job's lease. Looked up at each delivery, so that one set on the module
+    in its place (a stand-in that dies, say) is the one that runs."""
+
+    @app.task(
+        name=task_cls.name,
+        ignore_result=True,
+        acks_late=False,
+        soft_time_limit=get_settings().max_render_job_s,
+    )
+    def run(job_id: str, render_id: str, request: dict[str, Any]) -> None:
+        body = globals()[render]
+        _leased(job_id, render_id, lambda claim: body(job_id, render_id, request, claim))
+
+    return run
 
 
 def _render_path_job(job_id: str, render_id: str, request: dict[str, Any], claim=None) -> None:
@@ -177,16 +185,6 @@ def _render_path_job(job_id: str, render_id: str, request: dict[str, Any], claim
             _fail(paths, job_id, render_id, exc, "path", claim)
             return
     path_jobs.update(paths, render_id, fence=claim, status="succeeded", artifact=name)
-
-
-@app.task(
-    name=RenderFrameJobTask.name,
-    ignore_result=True,
-    acks_late=False,
-    soft_time_limit=get_settings().max_render_job_s,
-)
-def render_frame_job(job_id: str, render_id: str, request: dict[str, Any]) -> None:
-    _leased(job_id, render_id, lambda claim: _render_frame_job(job_id, render_id, request, claim))
 
 
 def _render_frame_job(job_id: str, render_id: str, request: dict[str, Any], claim=None) -> None:
@@ -224,3 +222,7 @@ def _render_frame_job(job_id: str, render_id: str, request: dict[str, Any], clai
         frames_done=1,
         pixels_done=n_pixels,
     )
+
+
+render_path_job = _render_task(RenderPathJobTask, "_render_path_job")
+render_frame_job = _render_task(RenderFrameJobTask, "_render_frame_job")
