@@ -143,6 +143,25 @@ def _check(store: JobStore, storage: Storage, job_id: str):
     return job
 
 
+async def _queued_render_job(storage, send, job_id: str, req, frames: int, **state) -> Response:
+    """A render job of req stored (with `state` beside its request) and sent with `send`; the 202
+    that points at it."""
+    render_id = path_jobs.new_id()
+    created = await asyncio.to_thread(
+        path_jobs.create,
+        storage.paths(job_id),
+        render_id,
+        job_id,
+        req.format,
+        frames,
+        request=req.model_dump(mode="json"),
+        **state,
+    )
+    await asyncio.to_thread(send, job_id, render_id, req)
+    view = path_job_view(created)
+    return JSONResponse(view.model_dump(), status_code=202, headers={"Location": view.url})
+
+
 @router.post(
     "/{job_id}/render",
     response_class=Response,
@@ -168,22 +187,15 @@ async def render(
     await charge_pixels(request, key, req.width * req.height)
     job = await asyncio.to_thread(_check, store, storage, job_id)
     if frame_as_job(settings, job, req):
-        paths = storage.paths(job.id)
-        render_id = path_jobs.new_id()
-        state = await asyncio.to_thread(
-            path_jobs.create,
-            paths,
-            render_id,
+        return await _queued_render_job(
+            storage,
+            queue.send_frame_job,
             job.id,
-            req.format,
+            req,
             1,
             kind="frame",
             n_pixels=req.width * req.height,
-            request=req.model_dump(mode="json"),
         )
-        await asyncio.to_thread(queue.send_frame_job, job.id, render_id, req)
-        view = path_job_view(state)
-        return JSONResponse(view.model_dump(), status_code=202, headers={"Location": view.url})
     return await _run(queue, job.id, req)
 
 
@@ -221,20 +233,7 @@ async def render_path(
     req = req.model_copy(update={"fps": req.frames_per_second})
     pixels = req.frames * req.width * req.height
     if req.mode == "job" or (req.mode is None and pixels > settings.path_wait_pixels):
-        paths = storage.paths(job.id)
-        render_id = path_jobs.new_id()
-        state = await asyncio.to_thread(
-            path_jobs.create,
-            paths,
-            render_id,
-            job.id,
-            req.format,
-            req.frames,
-            request=req.model_dump(mode="json"),
-        )
-        await asyncio.to_thread(queue.send_path_job, job.id, render_id, req)
-        view = path_job_view(state)
-        return JSONResponse(view.model_dump(), status_code=202, headers={"Location": view.url})
+        return await _queued_render_job(storage, queue.send_path_job, job.id, req, req.frames)
     return await _run(queue, job.id, req)
 
 
