@@ -253,6 +253,16 @@ def test_sh_degree_zero_and_min_opacity(tmp_path, model):
         assert got["n"] == n == keep and got["shBands"] == 0 and got["model"] == "default", suffix
 
 
+def test_nothing_opaque_enough_is_the_users_error(model):
+    from worker.exports.common import ExportError
+
+    p, world = model
+    above = float(world["opacity"].max()) + 1e-6
+    for write in (sog_bytes, compressed_ply_bytes, glb_bytes):
+        with pytest.raises(ExportError, match="nothing to write"):
+            write(p, NORM, min_opacity=above)
+
+
 def test_export_api_formats_agree_with_the_jobs_gaussians(fs_stack, tmp_path):
     from experiments.synthetic_scene import Scene, Sphere, scene_files
     from tests.worker.test_exports_splat import export

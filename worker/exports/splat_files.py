@@ -52,7 +52,10 @@ def world_table(
     keep = np.flatnonzero(g["opacity"] >= min_opacity)
     out = {k: v[keep] for k, v in g.items()}
     out["sh_dc"] = _np(params["sh_dc"])[keep]
-    out["sh_rest"] = _np(params["sh_rest"])[keep].reshape(len(keep), -1, 3)
+    rest = _np(params["sh_rest"])
+    # K from the stored shape, not from the rows: no row may be left (-1 cannot be inferred).
+    k = int(np.prod(rest.shape[1:])) // 3
+    out["sh_rest"] = rest[keep].reshape(len(keep), k, 3)
     out["degree"] = {0: 0, 3: 1, 8: 2, 15: 3}[out["sh_rest"].shape[1]]
     return out
 
