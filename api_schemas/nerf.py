@@ -24,6 +24,7 @@ DEFAULT_CONE_ANGLE = {"cpu": 1.0 / 64.0, "cuda": 1.0 / 256.0}
 SCENE_DISTORTION_LOSS = 0.01
 SCENE_NEAR_DISTANCE = 0.2
 SCENE_MIN_VIEWS = 2
+SCENE_GRADIENT_DISTANCE = 1.0
 TIME_LIMIT_HELP = (
     "wall-time budget in seconds from the start of training, test-curve points, checkpoints and "
     "the final evaluation included (the job may end up to max(10 s, 5 %) later); default "
@@ -221,6 +222,16 @@ class NerfConfig(TrainingImages):
         "of one training camera to explain its photo alone; null: "
         f"{SCENE_NEAR_DISTANCE} when the scene box is larger than the unit cube (instant-ngp's "
         "near distance), else 0",
+    )
+    near_gradient_distance: float | None = Field(
+        None,
+        ge=0,
+        le=10.0,
+        description="samples nearer their camera than this (normalised units) pass back "
+        '(t / this)^2 of their gradient in training ("Floaters No More", nerfstudio\'s '
+        "gradient scaling): the many rays crossing a cell near one camera no longer grow a "
+        f"floater there first; 0: off; null: {SCENE_GRADIENT_DISTANCE} when the scene box is "
+        "larger than the unit cube, else 0",
     )
 
     # Backgrounds: random while training (RGBA data), fixed for evaluation and rendering.

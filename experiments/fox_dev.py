@@ -96,6 +96,12 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=0, help="train this many steps instead")
     ap.add_argument("--extra", default="", help="JSON merged into transforms.json")
     ap.add_argument(
+        "--dataset",
+        default="",
+        help="train on this dataset folder instead (a job's, e.g. SfM's from "
+        "experiments.real_captures --data-dir)",
+    )
+    ap.add_argument(
         "--test-views", type=int, default=0, help="score this many evenly spaced held-out views"
     )
     a = ap.parse_args(argv)
@@ -107,7 +113,10 @@ def main(argv=None) -> int:
     from worker.scene.dataset import Dataset, read_meta
 
     torch.set_num_threads(a.threads)
-    root = build(a.capture, Path(a.work), a.long_side, json.loads(a.extra) if a.extra else None)
+    if a.dataset:
+        root = Path(a.dataset)
+    else:
+        root = build(a.capture, Path(a.work), a.long_side, json.loads(a.extra) if a.extra else None)
     meta = read_meta(root)
     train, test = Dataset(root, "train", meta), Dataset(root, "test", meta)
     names = [Path(f.source or f.file).stem for f in train.frames]

@@ -75,6 +75,13 @@ def main(argv=None) -> int:
     ap.add_argument("--config", type=json.loads, default=None, help="JSON added to every config")
     ap.add_argument("--artifacts", type=Path, default=None, help="keep each job's renders here")
     ap.add_argument("--json-out", type=Path)
+    ap.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="the service's DATA_DIR, kept after the run (jobs' datasets for experiments.fox_dev "
+        "--dataset); default a temporary one",
+    )
     a = ap.parse_args(argv)
 
     import tests.support.stack as stack_mod
@@ -98,7 +105,10 @@ def main(argv=None) -> int:
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="real_captures_") as tmp:
-        stack = stack_mod.new_stack(Path(tmp), "train,render,preprocess", env=env)
+        if a.data_dir is not None:
+            a.data_dir.mkdir(parents=True, exist_ok=True)
+        root = a.data_dir or Path(tmp)
+        stack = stack_mod.new_stack(root, "train,render,preprocess", env=env)
         stack._client = httpx.Client(base_url=stack.base_url, timeout=120, headers=stack.headers)
         try:
             for spec in a.runs.split(","):

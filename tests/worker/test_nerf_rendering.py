@@ -8,7 +8,7 @@ import torch
 
 from kernels import OccupancyGrid, march_rays
 from worker.nerf.model import NerfField
-from worker.nerf.rendering import EARLY_STOP_T, march_visible, render_rays
+from worker.nerf.rendering import EARLY_STOP_T, march_visible, render_rays, scale_near_gradients
 
 CONFIG = {
     "n_levels": 8,
@@ -95,3 +95,40 @@ def test_render_rays_gradients_reach_the_kept_samples():
     rgb.sum().backward()
     assert field.color_net[0].weight.grad.abs().sum() > 0
     assert ((opacity > 0) & (opacity <= 1)).any()
+
+
+def test_near_samples_pass_back_the_squared_share_of_their_gradient():
+    sigma = torch.rand(5, requires_grad=True)
+    rgb = torch.rand(5, 3, requires_grad=True)
+    t = torch.tensor([0.1, 0.5, 1.0, 2.0, 3.0])
+    s, c = scale_near_gradients(sigma, rgb, t, 2.0)
+    assert torch.equal(s, sigma) and torch.equal(c, rgb)  # the render is unchanged
+    (s.sum() + c.sum()).backward()
+    want = (t / 2.0).square().clamp(max=1.0)
+    assert torch.allclose(sigma.grad, want)
+    assert torch.allclose(rgb.grad, want[:, None].expand(5, 3))
+
+
+def test_render_rays_scales_the_gradient_of_samples_near_the_camera():
+    field, grid = _field_and_grid()
+    o, d = _rays(64)
+
+    def grads(distance):
+        field.zero_grad()
+        rgb, _, _, _ = render_rays(
+            field,
+            grid,
+            o,
+            d,
+            torch.ones(3),
+            step=grid.step_size,
+            max_samples=256,
+            grad_scale_distance=distance,
+        )
+        rgb.sum().backward()
+        return rgb.detach(), field.color_net[0].weight.grad.clone()
+
+    rgb0, g0 = grads(0.0)
+    rgb1, g1 = grads(100.0)  # every sample (t < 5) well inside: gradients shrink, the render not
+    assert torch.equal(rgb0, rgb1)
+    assert 0 < g1.abs().sum() < 0.01 * g0.abs().sum()

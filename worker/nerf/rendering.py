@@ -199,6 +199,44 @@ def _pack_rounds(parts, n_rays: int, backend: str):
     return ri, t0, t1, enc
 
 
+class _NearGradScale(torch.autograd.Function):
+    """Identity forward; the backward multiplies each sample's gradient by its scale."""
+
+    @staticmethod
+    def forward(ctx, sigma, rgb, scale):
+        ctx.save_for_backward(scale)
+        return sigma.view_as(sigma), rgb.view_as(rgb)
+
+    @staticmethod
+    def backward(ctx, g_sigma, g_rgb):
+        (scale,) = ctx.saved_tensors
+        return g_sigma * scale, g_rgb * scale[:, None], None
+
+
+def scale_near_gradients(
+    sigma: torch.Tensor, rgb: torch.Tensor, t_mid: torch.Tensor, distance: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples closer to their camera than `distance` pass back (t / distance)^2 of their
+    gradient (Philip and Deschaintre, "Floaters No More", 2023; nerfstudio's
+    `scale_gradients_by_distance_squared`).
+
+    A cell near one camera is crossed by many of that camera's rays, so it gathers gradient
+    faster than the far scene its pixels show and grows a floater that explains the photo; the
+    rays' density falls as 1/t^2, which the scale undoes.
+
+    Args:
+        sigma: (S,) densities. rgb: (S, 3) colours. t_mid: (S,) distance of each sample along
+            its unit ray. distance: where the scale reaches 1; 0 leaves the gradients alone.
+
+    Example:
+        >>> s, c = scale_near_gradients(sigma, rgb, 0.5 * (t0 + t1), 1.0)
+    """
+    if distance <= 0 or not torch.is_grad_enabled():
+        return sigma, rgb
+    scale = (t_mid.detach() / distance).square().clamp(max=1.0).to(sigma.dtype)
+    return _NearGradScale.apply(sigma, rgb, scale)
+
+
 def render_rays(
     field,
     grid: OccupancyGrid,
@@ -214,13 +252,15 @@ def render_rays(
     alpha_threshold: float = 0.0,
     with_samples: bool = False,
     near: float = 0.0,
+    grad_scale_distance: float = 0.0,
 ):
     """(rgb (N, 3), depth (N,) along the unit ray (0 where empty), opacity (N,), RenderStats),
     and with `with_samples` a fifth item: the kept samples as `Samples` (densities with their
     gradient, for regularisers over the samples such as `worker.nerf.losses.distortion`).
 
     `near`: where the rays start (camera rays: the near plane's distance from the camera).
-    Differentiable w.r.t. the field when called with grad enabled.
+    `grad_scale_distance`: samples nearer than this pass back less gradient
+    (`scale_near_gradients`). Differentiable w.r.t. the field when called with grad enabled.
     """
     n = rays_o.shape[0]
     march = dict(
@@ -233,7 +273,9 @@ def render_rays(
         near=near,
     )
     if rays_o.device.type != "cpu" and torch.is_grad_enabled():
-        return _render_masked(field, grid, rays_o, rays_d, background, with_samples, march)
+        return _render_masked(
+            field, grid, rays_o, rays_d, background, with_samples, march, grad_scale_distance
+        )
     ri, t0, t1, enc, marched = march_visible(field, grid, rays_o, rays_d, **march)
     if ri.numel():
         t_mid = (0.5 * (t0 + t1))[:, None]
@@ -242,6 +284,7 @@ def render_rays(
     offsets = _offsets(ri, n)
     if kept:
         sigma, rgb = field(pos, rays_d.index_select(0, ri), enc=enc)
+        sigma, rgb = scale_near_gradients(sigma, rgb, t_mid[:, 0], grad_scale_distance)
     else:
         sigma = torch.zeros(0, device=rays_o.device)
         rgb = torch.zeros(0, 3, device=rays_o.device)
@@ -317,7 +360,7 @@ def march_masked(
     return ri, t0, t1, s.offsets, enc, keep
 
 
-def _render_masked(field, grid, rays_o, rays_d, background, with_samples, march):
+def _render_masked(field, grid, rays_o, rays_d, background, with_samples, march, grad_scale):
     # Training on a GPU: the network runs over every marched sample and the hidden ones get zero
     # density, so they add nothing to the colour, depth, opacity or any gradient: the result is
     # that of the compacted samples, with no host synchronisation but the march's.
@@ -329,6 +372,7 @@ def _render_masked(field, grid, rays_o, rays_d, background, with_samples, march)
         pos = torch.addcmul(rays_o.index_select(0, ri), t_mid, rays_d.index_select(0, ri))
         sigma, rgb = field(pos, rays_d.index_select(0, ri), enc=enc)
         sigma = torch.where(keep, sigma, torch.zeros_like(sigma))
+        sigma, rgb = scale_near_gradients(sigma, rgb, t_mid[:, 0], grad_scale)
     else:
         sigma = torch.zeros(0, device=rays_o.device)
         rgb = torch.zeros(0, 3, device=rays_o.device)

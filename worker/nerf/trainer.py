@@ -15,6 +15,7 @@ from api_schemas.nerf import (
     DEFAULT_CONE_ANGLE,
     DEFAULT_SAMPLES_PER_STEP,
     SCENE_DISTORTION_LOSS,
+    SCENE_GRADIENT_DISTANCE,
     SCENE_MIN_VIEWS,
     SCENE_NEAR_DISTANCE,
     NerfConfig,
@@ -64,6 +65,9 @@ def scene_defaults(config: NerfConfig, half: float) -> dict[str, float | int]:
         "near_distance": config.near_distance
         if config.near_distance is not None
         else (SCENE_NEAR_DISTANCE if scene else 0.0),
+        "near_gradient_distance": config.near_gradient_distance
+        if config.near_gradient_distance is not None
+        else (SCENE_GRADIENT_DISTANCE if scene else 0.0),
         "occupancy_min_views": config.occupancy_min_views
         if config.occupancy_min_views is not None
         else (SCENE_MIN_VIEWS if scene else 1),
@@ -313,6 +317,7 @@ class NerfTrainer:
             alpha_threshold=self.config.alpha_threshold,
             with_samples=True,
             near=self.config.near_distance,
+            grad_scale_distance=self.config.near_gradient_distance,
         )
         if self.appearance is not None:  # each ray's photo's exposure / white balance
             a = self.appearance.index_select(0, self.data.image_of(drawn).to(self.device))
