@@ -360,7 +360,7 @@ def march_masked(
     return ri, t0, t1, s.offsets, enc, keep
 
 
-def _render_masked(field, grid, rays_o, rays_d, background, with_samples, march, grad_scale):
+def _render_masked(field, grid, rays_o, rays_d, background, with_samples, march, grad_scale=0.0):
     # Training on a GPU: the network runs over every marched sample and the hidden ones get zero
     # density, so they add nothing to the colour, depth, opacity or any gradient: the result is
     # that of the compacted samples, with no host synchronisation but the march's.
