@@ -6,8 +6,8 @@ distance), the fitted parameters.
     python -m experiments.sfm_models [--models PINHOLE,OPENCV:after,OPENCV] [--scenes capture,reordered,orbit]
 
 `MODEL:after` maps pinhole cameras and fits MODEL's distortion in one bundle adjustment at the
-end, kept where it lowers the reprojection error by 5 % (what `SFM_CAMERA_MODEL=auto` does below
-a 1000 px long side); `MODEL` alone refines it as the mapper goes.
+end, kept where it lowers the reprojection error by 5 % (what `SFM_CAMERA_MODEL=auto`
+does); `MODEL` alone refines it as the mapper goes.
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ def test_small_phone_photos_get_their_lens_fitted_after_mapping(phone_photos, tm
     from worker.sfm.camera import choose_model
 
     d, true = phone_photos
-    model, after = choose_model("auto", 180, 320)
+    model, after = choose_model("auto")
     assert (model, after) == ("OPENCV", True)
     runs = {}
     for name, opts in {

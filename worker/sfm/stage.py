@@ -210,13 +210,37 @@ def choose_mapper(setting: str, n_images: int, global_min_images: int) -> str:
     return "global" if n_images >= global_min_images else "incremental"
 
 
+def sfm_options(settings, capture_kind: str, n_images: int, one_size: bool):
+    """What SfM runs with on `n_images` photos (`capture_kind` "photos") or video frames."""
+    from worker.sfm.camera import choose_model
+    from worker.sfm.colmap import SfmOptions
+
+    if capture_kind == "video":
+        matcher = "sequential"
+    elif n_images > settings.sfm_exhaustive_max_images and settings.sfm_vocab_tree_path:
+        matcher = "vocab_tree"
+    else:
+        matcher = "exhaustive"
+    model, distortion_after_mapping = choose_model(settings.sfm_camera_model)
+    return SfmOptions(
+        camera_model=model,
+        distortion_after_mapping=distortion_after_mapping,
+        matcher=matcher,
+        threads=settings.sfm_threads,
+        max_image_size=settings.sfm_max_image_size,
+        single_camera=one_size,
+        vocab_tree_path=settings.sfm_vocab_tree_path,
+        mapper=choose_mapper(settings.sfm_mapper, n_images, settings.sfm_global_min_images),
+    )
+
+
 def run(job, paths, settings, progress, cancelled, deaths: int = 0) -> dict[str, Any]:
     """Run SfM on the job's capture and write its dataset; returns the dataset summary fields
     to merge into job.dataset. `deaths`: earlier runs on this capture that took their worker
     down. Raises StageError (readable) or SfmCancelled."""
     from core.scene_build import SceneFrame, write_scene
-    from worker.sfm.camera import choose_model, intrinsics
-    from worker.sfm.colmap import SfmOptions, run_sfm, undistort
+    from worker.sfm.camera import intrinsics
+    from worker.sfm.colmap import run_sfm, undistort
     from worker.sfm.video import VideoError, extract_frames
 
     cap = read_capture(paths)
@@ -272,25 +296,8 @@ def run(job, paths, settings, progress, cancelled, deaths: int = 0) -> dict[str,
                 cap.image_dir, cap.files = image_dir, files
                 start_pct = COPIES_END_PCT
         sizes = {_image_size(cap.image_dir / f) for f in cap.files}
-        w, h = max(sizes)
-        n = len(cap.files)
-        if cap.kind == "video":
-            matcher = "sequential"
-        elif n > settings.sfm_exhaustive_max_images and settings.sfm_vocab_tree_path:
-            matcher = "vocab_tree"
-        else:
-            matcher = "exhaustive"
-        model, distortion_after_mapping = choose_model(settings.sfm_camera_model, w, h)
-        opts = SfmOptions(
-            camera_model=model,
-            distortion_after_mapping=distortion_after_mapping,
-            matcher=matcher,
-            threads=settings.sfm_threads,
-            max_image_size=settings.sfm_max_image_size,
-            single_camera=len(sizes) == 1,
-            vocab_tree_path=settings.sfm_vocab_tree_path,
-            mapper=choose_mapper(settings.sfm_mapper, n, settings.sfm_global_min_images),
-        )
+        opts = sfm_options(settings, cap.kind, len(cap.files), len(sizes) == 1)
+        n, matcher = len(cap.files), opts.matcher
         result = run_sfm(
             cap.image_dir, cap.files, work, opts, report, cancelled, start_pct=start_pct
         )
