@@ -19,7 +19,7 @@ from worker.sfm.stage import sfm_options
 
 FOX = Path(__file__).resolve().parents[3] / "shared" / "captures" / "fox"
 # Share of the cameras' spread (mean distance from their centroid) a camera centre may be off
-# after a similarity fit: measured 0.2 % median, 0.6 % worst; the free OPENCV fit put 9 cameras
+# after a similarity fit: measured 0.16 % median, 0.42 % worst; the free OPENCV fit put 9 cameras
 # 225 % off.
 MAX_CENTRE_ERROR = 0.05
 
