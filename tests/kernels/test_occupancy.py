@@ -209,7 +209,7 @@ def test_mark_unseen_marks_what_the_camera_cannot_see(cpu_ext, cam):
     assert n - len(out_of_view) <= 0.1 * res**3
 
 
-def _ball_reaches(cam, centre, r, margin=0.01):
+def _ball_reaches(cam, centre, r, margin=0.01, near=0.0):
     """Whether the ball reaches into the camera's frustum, each plane written in camera axes, and
     how far that decision is from flipping."""
     (fx, fy, cx, cy), (w, h) = cam[1], cam[2]
@@ -221,13 +221,16 @@ def _ball_reaches(cam, centre, r, margin=0.01):
         (x0 * d - x) / (1 + x0 * x0) ** 0.5,
         (-y - y1 * d) / (1 + y1 * y1) ** 0.5,
         (y0 * d + y) / (1 + y0 * y0) ** 0.5,
-        -d,
+        near - d,
     )
     return outside <= r, abs(outside - r)
 
 
-@pytest.mark.parametrize("min_views", [1, 2, 3])
-def test_mark_unseen_coarse_to_fine_equals_the_cell_by_cell_test(cpu_ext, min_views):
+@pytest.mark.parametrize(
+    "min_views, near", [(1, 0.0), (2, 0.0), (3, 0.0), (2, 0.6)], ids=["1", "2", "3", "2-near"]
+)
+def test_mark_unseen_coarse_to_fine_equals_the_cell_by_cell_test(cpu_ext, min_views, near):
+    # `near`: a camera sees a cell only from that depth on (NerfConfig.occupancy_view_distance).
     # Random cameras in and around the box aimed at random points of it, with a random roll;
     # every cell against every camera in a loop.
     g = torch.Generator().manual_seed(3)
@@ -245,12 +248,12 @@ def test_mark_unseen_coarse_to_fine_equals_the_cell_by_cell_test(cpu_ext, min_vi
     cams.append((_pose([0.2, -0.1, 0.25], CAM_B[0][:3, :3]), [48.0, 48.0, 32.0, 32.0], CAM_B[2]))
     res = 16
     grid = kernels.OccupancyGrid([-1, -1, -1, 1, 1, 1], resolution=res)
-    grid.mark_unseen(*_cams(*cams), min_views=min_views)
+    grid.mark_unseen(*_cams(*cams), near=near, min_views=min_views)
     marked = grid.density[0] < 0
     r = 3**0.5 / res  # the cells' half diagonal
     wrong = []
     for code, centre, _ in _cells(res):
-        tests = [_ball_reaches(cam, centre, r) for cam in cams]
+        tests = [_ball_reaches(cam, centre, r, near=near) for cam in cams]
         if min(gap for _, gap in tests) < 1e-4:
             continue  # float32 against float64 may decide either way
         if bool(marked[code]) == (sum(inside for inside, _ in tests) >= min_views):

@@ -18,6 +18,7 @@ from api_schemas.nerf import (
     SCENE_GRADIENT_DISTANCE,
     SCENE_MIN_VIEWS,
     SCENE_NEAR_DISTANCE,
+    SCENE_VIEW_DISTANCE,
     NerfConfig,
 )
 from kernels import HashGridAdam, OccupancyGrid
@@ -71,6 +72,9 @@ def scene_defaults(config: NerfConfig, half: float) -> dict[str, float | int]:
         "occupancy_min_views": config.occupancy_min_views
         if config.occupancy_min_views is not None
         else (SCENE_MIN_VIEWS if scene else 1),
+        "occupancy_view_distance": config.occupancy_view_distance
+        if config.occupancy_view_distance is not None
+        else (SCENE_VIEW_DISTANCE if scene else 0.0),
     }
 
 
@@ -244,7 +248,11 @@ class NerfTrainer:
         # The cameras' planes are computed where the dataset lives (the host) and the grid
         # takes them to its device.
         self.grid.mark_unseen(
-            data.c2w, intrinsics, sizes, min_views=self.config.occupancy_min_views
+            data.c2w,
+            intrinsics,
+            sizes,
+            near=self.config.occupancy_view_distance,
+            min_views=self.config.occupancy_min_views,
         )
         log.info("occupancy grid: %.1f %% of the cells unseen", 100 * self.unseen_fraction)
 
