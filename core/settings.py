@@ -199,7 +199,10 @@ class Settings(BaseSettings):
     )
     sfm_camera_model: Literal[
         "auto", "SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV"
-    ] = Field("auto", description="camera model SfM fits; auto: OPENCV fitted after mapping (docs/capture.md)")
+    ] = Field(
+        "auto",
+        description="camera model SfM fits; auto: OPENCV fitted after mapping (docs/capture.md)",
+    )
     sfm_exhaustive_max_images: int = Field(
         300, ge=2, description="photo sets up to this size match every pair"
     )
