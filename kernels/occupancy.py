@@ -96,7 +96,7 @@ def frustum_planes(
     c2w: torch.Tensor,
     intrinsics: torch.Tensor,
     sizes: torch.Tensor,
-    near: float = 0.0,
+    near: float | torch.Tensor = 0.0,
     margin: float = 0.0,
 ) -> torch.Tensor:
     """The five planes bounding each pinhole camera's view: four through the image's edges (grown
@@ -107,7 +107,7 @@ def frustum_planes(
             invertible rotation block (a non-rigid one is inverted, not assumed orthonormal).
         intrinsics: (M, 4) fx, fy, cx, cy in pixels, image y down.
         sizes: (M, 2) image width, height in pixels.
-        near: depth in front of the camera where its view begins.
+        near: depth in front of the camera where its view begins: one for all, or (M,).
         margin: fraction of the width (height) added to the left and right (top and bottom).
 
     Returns:
@@ -151,7 +151,7 @@ def frustum_planes(
         1,
     )
     offsets = -(normals * eye[:, None, :]).sum(-1)
-    offsets[:, 4] += near
+    offsets[:, 4] += torch.as_tensor(near, dtype=offsets.dtype)
     length = normals.norm(dim=-1)
     return torch.cat([normals, offsets[..., None]], -1) / length[..., None]
 
@@ -351,7 +351,7 @@ class OccupancyGrid(nn.Module):
         intrinsics: torch.Tensor,
         sizes: torch.Tensor,
         *,
-        near: float = 0.0,
+        near: float | torch.Tensor = 0.0,
         margin: float = 0.01,
         min_views: int = 1,
         chunk: int = 2**21,
@@ -373,7 +373,7 @@ class OccupancyGrid(nn.Module):
             intrinsics: (M, 4) fx, fy, cx, cy in pixels, image y down. A lens with distortion
                 needs the pinhole image that holds all of its rays.
             sizes: (M, 2) image width, height in pixels.
-            near: depth in front of each camera where its view begins.
+            near: depth in front of each camera where its view begins: one for all, or (M,).
             margin: fraction of the width (height) added to each side of every image.
             min_views: how many cameras must see a cell for it to be trained; a cell one photo
                 alone sees is free to hold whatever explains that photo (a floater in front of

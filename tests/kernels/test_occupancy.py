@@ -227,10 +227,13 @@ def _ball_reaches(cam, centre, r, margin=0.01, near=0.0):
 
 
 @pytest.mark.parametrize(
-    "min_views, near", [(1, 0.0), (2, 0.0), (3, 0.0), (2, 0.6)], ids=["1", "2", "3", "2-near"]
+    "min_views, near",
+    [(1, 0.0), (2, 0.0), (3, 0.0), (2, 0.6), (2, (0.6, 0.3, 0.9, 0.2))],
+    ids=["1", "2", "3", "2-near", "2-near-each"],
 )
 def test_mark_unseen_coarse_to_fine_equals_the_cell_by_cell_test(cpu_ext, min_views, near):
-    # `near`: a camera sees a cell only from that depth on (NerfConfig.occupancy_view_distance).
+    # `near`: a camera sees a cell only from that depth on, one for all or one each
+    # (NerfConfig.occupancy_view_share).
     # Random cameras in and around the box aimed at random points of it, with a random roll;
     # every cell against every camera in a loop.
     g = torch.Generator().manual_seed(3)
@@ -248,12 +251,17 @@ def test_mark_unseen_coarse_to_fine_equals_the_cell_by_cell_test(cpu_ext, min_vi
     cams.append((_pose([0.2, -0.1, 0.25], CAM_B[0][:3, :3]), [48.0, 48.0, 32.0, 32.0], CAM_B[2]))
     res = 16
     grid = kernels.OccupancyGrid([-1, -1, -1, 1, 1, 1], resolution=res)
-    grid.mark_unseen(*_cams(*cams), near=near, min_views=min_views)
+    nears = near if isinstance(near, tuple) else (near,) * len(cams)
+    grid.mark_unseen(
+        *_cams(*cams),
+        near=torch.tensor(nears) if isinstance(near, tuple) else near,
+        min_views=min_views,
+    )
     marked = grid.density[0] < 0
     r = 3**0.5 / res  # the cells' half diagonal
     wrong = []
     for code, centre, _ in _cells(res):
-        tests = [_ball_reaches(cam, centre, r, near=near) for cam in cams]
+        tests = [_ball_reaches(cam, centre, r, near=n) for cam, n in zip(cams, nears)]
         if min(gap for _, gap in tests) < 1e-4:
             continue  # float32 against float64 may decide either way
         if bool(marked[code]) == (sum(inside for inside, _ in tests) >= min_views):

@@ -101,10 +101,10 @@ def test_no_point_a_training_camera_sees_is_culled_as_unseen(tmp_path):
     validate_upload(src, "fox.zip", {"long_side": 64}, job, Settings(data_dir=tmp_path))
     meta = read_meta(job / "dataset")
     train = Dataset(job / "dataset", "train", meta)
-    # One view from the camera on is enough to be seen: the default's two views, each from
-    # occupancy_view_distance on, keep the cells a lone photo (or the cameras right behind
-    # them) see empty.
-    config = NerfConfig(occupancy_min_views=1, occupancy_view_distance=0.0)
+    # One view is enough to be seen: the default's two views keep the cells a lone photo sees
+    # empty, and two views each from occupancy_view_share of the camera's distance on also those
+    # only the cameras right behind them see.
+    config = NerfConfig(occupancy_min_views=1)
     trainer = NerfTrainer(config, meta, "cpu", train)
     assert 0.05 < trainer.unseen_fraction < 0.95  # the marks exist and are not everything
     o, d, _ = train.sample(20_000, torch.Generator().manual_seed(0), jitter=1.0)
@@ -113,6 +113,6 @@ def test_no_point_a_training_camera_sees_is_culled_as_unseen(tmp_path):
     points = points[(points.abs() < trainer.half).all(1)]
     assert len(points) > 100_000
     assert bool(trainer.grid.is_occupied(points).all())
-    two = NerfTrainer(NerfConfig(occupancy_view_distance=0.0), meta, "cpu", train)
-    default = NerfTrainer(NerfConfig(), meta, "cpu", train)
-    assert trainer.unseen_fraction < two.unseen_fraction < default.unseen_fraction < 0.95
+    two = NerfTrainer(NerfConfig(), meta, "cpu", train)
+    far = NerfTrainer(NerfConfig(occupancy_view_share=0.6), meta, "cpu", train)
+    assert trainer.unseen_fraction < two.unseen_fraction < far.unseen_fraction < 0.95

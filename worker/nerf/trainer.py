@@ -18,7 +18,6 @@ from api_schemas.nerf import (
     SCENE_GRADIENT_DISTANCE,
     SCENE_MIN_VIEWS,
     SCENE_NEAR_DISTANCE,
-    SCENE_VIEW_DISTANCE,
     NerfConfig,
 )
 from kernels import HashGridAdam, OccupancyGrid
@@ -72,9 +71,6 @@ def scene_defaults(config: NerfConfig, half: float) -> dict[str, float | int]:
         "occupancy_min_views": config.occupancy_min_views
         if config.occupancy_min_views is not None
         else (SCENE_MIN_VIEWS if scene else 1),
-        "occupancy_view_distance": config.occupancy_view_distance
-        if config.occupancy_view_distance is not None
-        else (SCENE_VIEW_DISTANCE if scene else 0.0),
     }
 
 
@@ -238,6 +234,11 @@ class NerfTrainer:
                 )
                 self.grid.is_occupied(x)
 
+    @staticmethod
+    def _camera_distances(c2w: torch.Tensor) -> torch.Tensor:
+        """(M,) each camera's distance from the scene box's centre (the origin)."""
+        return c2w[:, :3, 3].double().norm(dim=1)
+
     def _mark_unseen(self, data: Dataset) -> None:
         # Cells no training camera sees stay empty: no ray marches through them and no grid
         # update spends density evaluations on them (instant-ngp's mark_untrained_density_grid).
@@ -251,7 +252,7 @@ class NerfTrainer:
             data.c2w,
             intrinsics,
             sizes,
-            near=self.config.occupancy_view_distance,
+            near=self.config.occupancy_view_share * self._camera_distances(data.c2w),
             min_views=self.config.occupancy_min_views,
         )
         log.info("occupancy grid: %.1f %% of the cells unseen", 100 * self.unseen_fraction)
