@@ -360,7 +360,9 @@ def march_masked(
     return ri, t0, t1, s.offsets, enc, keep
 
 
-def _render_masked(field, grid, rays_o, rays_d, background, with_samples, march, grad_scale=0.0):
+def _render_masked(
+    field, grid, rays_o, rays_d, background, with_samples, march, grad_scale_distance=0.0
+):
     # Training on a GPU: the network runs over every marched sample and the hidden ones get zero
     # density, so they add nothing to the colour, depth, opacity or any gradient: the result is
     # that of the compacted samples, with no host synchronisation but the march's.
@@ -372,7 +374,7 @@ def _render_masked(field, grid, rays_o, rays_d, background, with_samples, march,
         pos = torch.addcmul(rays_o.index_select(0, ri), t_mid, rays_d.index_select(0, ri))
         sigma, rgb = field(pos, rays_d.index_select(0, ri), enc=enc)
         sigma = torch.where(keep, sigma, torch.zeros_like(sigma))
-        sigma, rgb = scale_near_gradients(sigma, rgb, t_mid[:, 0], grad_scale)
+        sigma, rgb = scale_near_gradients(sigma, rgb, t_mid[:, 0], grad_scale_distance)
     else:
         sigma = torch.zeros(0, device=rays_o.device)
         rgb = torch.zeros(0, 3, device=rays_o.device)

@@ -9,7 +9,7 @@ from core.scene_format import DISTORTION_KEYS
 # end over every view: a distortion refined from the first views while mapping is poorly pinned
 # down and drifts. On instant-ngp's fox (50 photos at 1080x1920, SIFT at 1600 px) a free OPENCV
 # placed 9 cameras 2.25 camera spreads off COLMAP's reference poses, rigidly shifted along the
-# repeating wallpaper, in each of 3 runs; fitted at the end every camera is within 0.2 %. On
+# repeating wallpaper, in each of 3 runs; fitted at the end every camera is within 0.42 %. On
 # experiments/sfm_capture.py's 200 px views a free SIMPLE_RADIAL settled on k1 = -0.54 and poses 12
 # degrees off, while ignoring the lens costs a phone lens' worth of pose error (on
 # experiments/capture_scene.py's 180x320 photos, k1 = -0.08: PINHOLE 0.41 degrees median, the final

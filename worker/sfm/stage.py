@@ -297,7 +297,7 @@ def run(job, paths, settings, progress, cancelled, deaths: int = 0) -> dict[str,
                 start_pct = COPIES_END_PCT
         sizes = {_image_size(cap.image_dir / f) for f in cap.files}
         opts = sfm_options(settings, cap.kind, len(cap.files), len(sizes) == 1)
-        n, matcher = len(cap.files), opts.matcher
+        n = len(cap.files)
         result = run_sfm(
             cap.image_dir, cap.files, work, opts, report, cancelled, start_pct=start_pct
         )
@@ -309,7 +309,7 @@ def run(job, paths, settings, progress, cancelled, deaths: int = 0) -> dict[str,
                 "n_registered": n_reg,
                 "registered_share": round(share, 4),
                 "camera_model": opts.camera_model,
-                "matcher": matcher,
+                "matcher": opts.matcher,
                 "mapper": opts.mapper,
                 "sfm_s": round(sum(result.seconds.values()), 2),
                 "mean_keypoints": round(result.mean_keypoints, 1),
